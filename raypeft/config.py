@@ -1,0 +1,383 @@
+"""The experiment file: pydantic models, loading, ``--set`` overrides and one-line errors.
+
+Everything a run needs is validated here before Ray, MLflow or any folder is touched.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from raypeft.methods import METHODS
+
+
+class ConfigError(Exception):
+    """A user error in an experiment file or override; the message is one line."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    """The frozen backbone."""
+
+    name: str = Field(
+        "minilm",
+        description="Hugging Face id or local path; aliases: minilm (packaged all-MiniLM-L6-v2), "
+        "tiny-bert (randomly initialised, for tests)",
+    )
+    max_length: int = Field(128, ge=8, le=4096, description="s: inputs are padded/truncated to s")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit)")
+
+
+class TaskConfig(_Strict):
+    """The labelled task. ``name`` is a registered task; local files go in ``files``."""
+
+    name: str = Field("tweet_sentiment", description="registered task, e.g. tweet_sentiment, glue/rte")
+    data_dir: Path | None = Field(
+        None, description="folder with train/validation[/test].jsonl instead of the Hub"
+    )
+    files: dict[Literal["train", "validation", "test"], Path] | None = Field(
+        None, description="local jsonl/csv/parquet files per split (task name: files)"
+    )
+    text_column: str | None = Field(None, description="first text column (files tasks)")
+    text_pair_column: str | None = Field(None, description="second text column, if pairs")
+    label_column: str = Field("label", description="label column (files tasks)")
+    problem: Literal["classification", "regression"] | None = Field(
+        None, description="files tasks: classification (default) or regression"
+    )
+    max_train_examples: int | None = Field(None, ge=1, description="cap on training examples")
+    max_eval_examples: int | None = Field(None, ge=1, description="cap on validation/test examples")
+    split_seed: int = Field(0, description="seed of subsampling and of derived splits")
+
+
+class TrainConfig(_Strict):
+    """The training loop shared by every method (defaults follow DePT's Table 10)."""
+
+    max_steps: int = Field(1000, ge=1)
+    batch_size: int = Field(16, ge=1, description="global batch size (split across workers)")
+    eval_batch_size: int = Field(64, ge=1)
+    eval_every: int = Field(100, ge=1, description="evaluate (and report to Tune) every k steps")
+    head_lr: float = Field(1e-3, gt=0, description="learning rate of the task head")
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    adam_eps: float = Field(1e-6, gt=0)
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    seed: int = 42
+    num_threads: int | None = Field(None, ge=1, description="torch threads per worker (default: its CPUs)")
+
+
+class GridParam(_Strict):
+    grid: list[Any] = Field(min_length=1, description="joint grid: every combination is run")
+
+
+class ChoiceParam(_Strict):
+    choice: list[Any] = Field(min_length=1, description="categorical, sampled by Optuna")
+
+
+class UniformParam(_Strict):
+    uniform: tuple[float, float]
+
+
+class LogUniformParam(_Strict):
+    loguniform: tuple[float, float]
+
+    @field_validator("loguniform")
+    @classmethod
+    def _positive(cls, v):
+        if v[0] <= 0:
+            raise ValueError(f"`0 < low` must hold for loguniform, but got low={v[0]}")
+        return v
+
+
+class IntParam(_Strict):
+    int: tuple[int, int]
+    step: int = Field(1, ge=1)
+
+
+SPACE_KINDS = {"grid", "choice", "uniform", "loguniform", "int"}
+
+
+def _space_kind(entry: Any) -> str | None:
+    if isinstance(entry, BaseModel):
+        entry = entry.model_dump()
+    kinds = set(entry) & SPACE_KINDS if isinstance(entry, dict) else set()
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+SpaceParam = Annotated[
+    Union[
+        Annotated[GridParam, Tag("grid")],
+        Annotated[ChoiceParam, Tag("choice")],
+        Annotated[UniformParam, Tag("uniform")],
+        Annotated[LogUniformParam, Tag("loguniform")],
+        Annotated[IntParam, Tag("int")],
+    ],
+    Discriminator(_space_kind),
+]
+
+
+class SchedulerConfig(_Strict):
+    type: Literal["asha", "none"] = "asha"
+    grace_period: int = Field(2, ge=1, description="evaluations every trial gets before stopping")
+    reduction_factor: float = Field(2, gt=1)
+
+
+class SearchConfig(_Strict):
+    """Ray Tune + Optuna settings."""
+
+    metric: str | None = Field(None, description="validation metric to optimise (default: task's)")
+    mode: Literal["max", "min"] | None = Field(None, description="default: the metric's")
+    num_samples: int = Field(12, ge=1, description="number of trials")
+    max_concurrent: int | None = Field(None, ge=1, description="default: as many as fit")
+    sampler: Literal["tpe", "random"] = "tpe"
+    seed: int = 0
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+
+class ResourcesConfig(_Strict):
+    workers_per_trial: int = Field(1, ge=1, description="Ray Train workers per trial (DDP)")
+    cpus_per_worker: float = Field(1, gt=0)
+    use_gpu: bool = False
+    trial_runner: Literal["auto", "in_process", "ray_train"] = Field(
+        "auto",
+        description="auto: single-worker trials train inside the Tune trainable (faster, see "
+        "README), multi-worker trials in a Ray Train TorchTrainer",
+    )
+
+
+class TrackingConfig(_Strict):
+    uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///mlflow.db)")
+    experiment: str | None = Field(None, description="MLflow experiment name (default: name)")
+
+
+class RunConfig(_Strict):
+    storage_path: str | None = Field(None, description="Ray results (default: ./ray_results)")
+
+
+MethodConfigUnion = Annotated[
+    Union[tuple(cls.config_cls for cls in METHODS.values())], Field(discriminator="name")
+]
+
+
+class ExperimentConfig(_Strict):
+    """One experiment file: what to train, how, and what to search."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    method: MethodConfigUnion
+    train: TrainConfig = TrainConfig()
+    search: SearchConfig = SearchConfig()
+    space: dict[str, SpaceParam] = Field(
+        default_factory=dict, description="dotted config key -> distribution or grid"
+    )
+    resources: ResourcesConfig = ResourcesConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    run: RunConfig = RunConfig()
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _one_kind_per_key(cls, space: Any) -> Any:
+        if not isinstance(space, dict):
+            return space
+        for key, entry in space.items():
+            kinds = sorted(set(entry) & SPACE_KINDS) if isinstance(entry, dict) else []
+            if len(kinds) != 1:
+                found = f"got {kinds}" if kinds else f"got {entry!r}"
+                raise ValueError(
+                    f"`{key}` must have exactly one of {sorted(SPACE_KINDS)}, but {found}"
+                )
+        return space
+
+    @model_validator(mode="after")
+    def _eval_every_fits(self) -> ExperimentConfig:
+        if self.train.eval_every > self.train.max_steps:
+            raise ValueError(
+                "`train.eval_every <= train.max_steps` must hold, but got "
+                f"(eval_every={self.train.eval_every}, max_steps={self.train.max_steps})"
+            )
+        return self
+
+    def grid_keys(self) -> list[str]:
+        return [k for k, p in self.space.items() if isinstance(p, GridParam)]
+
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Every combination of the ``grid`` keys (the joint grid), in file order."""
+        keys = self.grid_keys()
+        values = [self.space[k].grid for k in keys]
+        return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    """``set_dotted(d, "method.lr", 0.1)`` sets ``d["method"]["lr"]``, creating levels."""
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: `{part}` is not a section, cannot set `{leaf}` inside it")
+        node = child
+    node[leaf] = value
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists kept as values)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` with the value parsed as YAML (numbers, lists, true/false, null)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"--set {text!r}: the key is empty")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """First error of a pydantic ValidationError as ``SOURCE: key.path: message (got X)``."""
+    first = err.errors()[0]
+    parts = [str(p) for p in first["loc"] if not _is_union_tag(p)]
+    # a space entry's tag repeats its key (space.x.grid.grid): keep one
+    loc = ".".join(p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1])
+    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif first["type"] == "union_tag_invalid":
+        msg = f"unknown method; expected one of {sorted(METHODS)}"
+    got = first.get("input")
+    got_text = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
+    more = len(err.errors()) - 1
+    tail = f" [+{more} more]" if more else ""
+    return f"{source}: {loc or '<top>'}: {msg}{got_text}{tail}"
+
+
+def _is_union_tag(part: Any) -> bool:
+    # pydantic puts the discriminator tag / union member names into error locations
+    return isinstance(part, str) and part in METHODS
+
+
+def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read, override and validate an experiment file. Raises :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+    data.setdefault("name", path.stem)
+    for item in overrides:
+        key, value = parse_override(item)
+        if key.startswith("space."):
+            # space keys are dotted themselves: space.method.lr -> space["method.lr"]
+            data.setdefault("space", {})[key[len("space."):]] = value
+        else:
+            set_dotted(data, key, value)
+    return validate_experiment(data, str(path))
+
+
+def validate_experiment(data: dict, source: str) -> ExperimentConfig:
+    """Validate a raw dict; the error names ``source`` and the key."""
+    try:
+        cfg = ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+    _check_space_keys(cfg, source)
+    return cfg
+
+
+def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
+    """Every search-space key must name a real field, and every value must validate there."""
+    base = cfg.model_dump(mode="json", exclude={"space"})
+    known = flatten(base)
+    for key, param in cfg.space.items():
+        if key.startswith(("space", "search", "tracking", "run", "resources", "name")):
+            raise ConfigError(f"{source}: space.{key}: only model/task/method/train keys can be searched")
+        if key not in known and not _is_method_field(cfg, key):
+            raise ConfigError(f"{source}: space.{key}: unknown key; it must name a config field such as method.lr")
+        for value in _candidate_values(param):
+            trial = dict(base)
+            trial = _with_override(base, key, value)
+            try:
+                ExperimentConfig.model_validate(trial)
+            except ValidationError as err:
+                inner = format_validation_error(err, source)
+                raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
+
+
+def _is_method_field(cfg: ExperimentConfig, key: str) -> bool:
+    # fields with a None default (e.g. dept's rank) do not appear in `flatten`
+    head, _, field = key.partition(".")
+    return head == "method" and field in type(cfg.method).model_fields
+
+
+def _candidate_values(param: SpaceParam) -> list[Any]:
+    if isinstance(param, GridParam):
+        return param.grid
+    if isinstance(param, ChoiceParam):
+        return param.choice
+    if isinstance(param, UniformParam):
+        return list(param.uniform)
+    if isinstance(param, LogUniformParam):
+        return list(param.loguniform)
+    return [param.int[0], param.int[1]]
+
+
+def _with_override(base: dict, key: str, value: Any) -> dict:
+    import copy
+
+    data = copy.deepcopy(base)
+    set_dotted(data, key, value)
+    return data
+
+
+def apply_trial_params(cfg: ExperimentConfig, params: dict[str, Any]) -> ExperimentConfig:
+    """The experiment config of one trial: the file with the sampled values put in place."""
+    data = cfg.model_dump(mode="json")
+    for key, value in params.items():
+        set_dotted(data, key, value)
+    return ExperimentConfig.model_validate(data)

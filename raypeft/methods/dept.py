@@ -1,0 +1,119 @@
+"""DePT (Shi & Lipani, ICLR 2024): a shorter soft prompt plus a low-rank update of the input
+word embeddings, ``W' = W + A·B`` with ``A ∈ R^{s×r}``, ``B ∈ R^{r×d}``.
+
+The offset is per input position, so inputs must be padded to exactly ``s`` tokens. Unlike the
+official code, the update is applied for every head type (classification included).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import torch
+from pydantic import Field, model_validator
+from torch import nn
+
+from raypeft.budget import dept_params, dept_rank_for_budget
+from raypeft.methods.base import (
+    BackboneDims,
+    MethodConfig,
+    PromptMethod,
+    init_prompt,
+    prepend_prompt,
+    register_method,
+)
+
+
+class DePTConfig(MethodConfig):
+    """Decomposed prompt: ``m`` prompt tokens and rank-``r`` embedding offset.
+
+    Give ``rank`` or ``budget_prompt_length``; with a budget, ``r`` is derived as the largest
+    rank whose count ``m·d + (s+d)·r`` stays within PT's ``l·d`` (a resolved config records
+    it in ``rank`` too, and resolving checks the two agree).
+    """
+
+    name: Literal["dept"] = "dept"
+    prompt_length: int = Field(40, ge=1, description="m: number of soft-prompt tokens")
+    rank: int | None = Field(None, ge=1, description="r: rank of A·B (derived when budgeted)")
+    budget_prompt_length: int | None = Field(
+        None, ge=2, description="l: match the trainable parameters of PT with this length"
+    )
+    lr_prompt: float = Field(0.3, gt=0, description="α1: learning rate of the soft prompt")
+    lr_lowrank: float = Field(1e-4, gt=0, description="α2: learning rate of A and B")
+    init: Literal["vocab", "normal"] = "vocab"
+    init_seed: int = 0
+
+    @model_validator(mode="after")
+    def _rank_or_budget(self) -> DePTConfig:
+        if self.rank is None and self.budget_prompt_length is None:
+            raise ValueError("one of `rank` and `budget_prompt_length` must be set")
+        if self.budget_prompt_length is not None and self.prompt_length >= self.budget_prompt_length:
+            raise ValueError(
+                "`prompt_length < budget_prompt_length` must hold, but got "
+                f"(prompt_length={self.prompt_length}, "
+                f"budget_prompt_length={self.budget_prompt_length})"
+            )
+        return self
+
+    def resolve(self, dims: BackboneDims) -> DePTConfig:
+        if self.budget_prompt_length is None:
+            return self
+        r = dept_rank_for_budget(
+            self.budget_prompt_length, self.prompt_length, dims.max_length, dims.hidden_size
+        )
+        if r < 1:
+            raise ValueError(
+                f"the budget of PT with l={self.budget_prompt_length} leaves rank r={r} for "
+                f"m={self.prompt_length} (d={dims.hidden_size}, s={dims.max_length}); "
+                "`r >= 1` must hold: lower prompt_length or raise budget_prompt_length"
+            )
+        if self.rank is not None and self.rank != r:
+            # a resolved config records the derived rank; a different one is a contradiction
+            raise ValueError(
+                f"rank={self.rank} contradicts the budget of PT with l={self.budget_prompt_length}, "
+                f"which gives r={r} for m={self.prompt_length} (d={dims.hidden_size}, "
+                f"s={dims.max_length}); set rank or budget_prompt_length, not both"
+            )
+        return self.model_copy(update={"rank": r})
+
+    def learning_rates(self) -> dict[str, float]:
+        return {"prompt": self.lr_prompt, "lowrank": self.lr_lowrank}
+
+    def num_params(self, dims: BackboneDims) -> int:
+        rank = self.resolve(dims).rank
+        return dept_params(self.prompt_length, rank, dims.max_length, dims.hidden_size)
+
+    def derived(self) -> dict[str, Any]:
+        return {"rank": self.rank} if self.budget_prompt_length is not None else {}
+
+
+@register_method
+class DePT(PromptMethod):
+    config_cls = DePTConfig
+
+    def __init__(self, config: DePTConfig, dims: BackboneDims, word_embeddings: nn.Embedding):
+        super().__init__(config, dims, word_embeddings)
+        config = config.resolve(dims)
+        r, s, d = config.rank, dims.max_length, dims.hidden_size
+        self.prompt = nn.Parameter(
+            init_prompt(config.prompt_length, word_embeddings, config.init, config.init_seed)
+        )
+        gen = torch.Generator().manual_seed(config.init_seed + 1)
+        # Gaussian A, zero B (as LoRA and the paper): training starts exactly at PT.
+        self.lora_a = nn.Parameter(torch.randn(s, r, generator=gen) / math.sqrt(r))
+        self.lora_b = nn.Parameter(torch.zeros(r, d))
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        return {"prompt": [self.prompt], "lowrank": [self.lora_a, self.lora_b]}
+
+    def prepare_inputs(self, input_ids, attention_mask, token_type_ids, embed):
+        if input_ids.shape[1] != self.dims.max_length:
+            raise ValueError(
+                f"DePT needs inputs padded to exactly s={self.dims.max_length} tokens, "
+                f"got {input_ids.shape[1]}"
+            )
+        inputs_embeds = embed(input_ids)
+        offset = (self.lora_a @ self.lora_b).to(inputs_embeds.dtype)  # (s, d), per position
+        prompt = self.prompt.to(inputs_embeds.dtype)
+        return prepend_prompt(prompt, inputs_embeds + offset, attention_mask, token_type_ids)

@@ -1,0 +1,56 @@
+"""Prompt Tuning (Lester et al., 2021): a trainable soft prompt before the input embeddings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import nn
+
+from raypeft.budget import prompt_tuning_params
+from raypeft.methods.base import (
+    BackboneDims,
+    MethodConfig,
+    PromptMethod,
+    init_prompt,
+    prepend_prompt,
+    register_method,
+)
+
+
+class PromptTuningConfig(MethodConfig):
+    """Soft prompt ``P ∈ R^{l×d}`` prepended to the word embeddings."""
+
+    name: Literal["pt"] = "pt"
+    prompt_length: int = Field(100, ge=1, description="l: number of soft-prompt tokens")
+    lr: float = Field(0.3, gt=0, description="learning rate of the soft prompt")
+    init: Literal["vocab", "normal"] = Field(
+        "vocab", description="vocab: rows of the vocabulary embedding; normal: random"
+    )
+    init_seed: int = Field(0, description="seed of the prompt initialisation")
+
+    def learning_rates(self) -> dict[str, float]:
+        return {"prompt": self.lr}
+
+    def num_params(self, dims: BackboneDims) -> int:
+        return prompt_tuning_params(self.prompt_length, dims.hidden_size)
+
+
+@register_method
+class PromptTuning(PromptMethod):
+    config_cls = PromptTuningConfig
+
+    def __init__(self, config: PromptTuningConfig, dims: BackboneDims, word_embeddings: nn.Embedding):
+        super().__init__(config, dims, word_embeddings)
+        self.prompt = nn.Parameter(
+            init_prompt(config.prompt_length, word_embeddings, config.init, config.init_seed)
+        )
+
+    def param_groups(self) -> dict[str, list[nn.Parameter]]:
+        return {"prompt": [self.prompt]}
+
+    def prepare_inputs(self, input_ids, attention_mask, token_type_ids, embed):
+        inputs_embeds = embed(input_ids)
+        prompt = self.prompt.to(inputs_embeds.dtype)
+        return prepend_prompt(prompt, inputs_embeds, attention_mask, token_type_ids)

@@ -1,0 +1,73 @@
+"""Compile the experiment's ``space`` section into an Optuna define-by-run function.
+
+Ray Tune's ``OptunaSearch`` calls the function once per trial with an Optuna trial. Keys with
+``grid`` values form a joint grid: every combination is enqueued first (``points_to_evaluate``),
+and Optuna samples the remaining keys of those trials. Derived knobs (DePT's rank at a fixed
+budget) are computed from the sampled ones, never sampled, and returned as constants under
+``derived.*`` so Tune, MLflow and the summary show them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from raypeft.config import (
+    ChoiceParam,
+    ExperimentConfig,
+    GridParam,
+    IntParam,
+    LogUniformParam,
+    SpaceParam,
+    UniformParam,
+    apply_trial_params,
+)
+from raypeft.methods import BackboneDims
+
+DERIVED_PREFIX = "derived."
+
+
+def suggest(trial: optuna.Trial, key: str, param: SpaceParam) -> Any:
+    """Ask Optuna for one value of ``key``."""
+    if isinstance(param, GridParam):
+        return trial.suggest_categorical(key, param.grid)
+    if isinstance(param, ChoiceParam):
+        return trial.suggest_categorical(key, param.choice)
+    if isinstance(param, UniformParam):
+        return trial.suggest_float(key, *param.uniform)
+    if isinstance(param, LogUniformParam):
+        return trial.suggest_float(key, *param.loguniform, log=True)
+    if isinstance(param, IntParam):
+        return trial.suggest_int(key, *param.int, step=param.step)
+    raise TypeError(f"unknown space entry for {key}: {param!r}")
+
+
+def derived_values(cfg: ExperimentConfig, dims: BackboneDims) -> dict[str, Any]:
+    """Knobs computed from a trial's config: the method's derived ones and its count."""
+    method = cfg.method.resolve(dims)
+    out = {f"{DERIVED_PREFIX}{k}": v for k, v in method.derived().items()}
+    out[f"{DERIVED_PREFIX}trainable_params"] = method.num_params(dims)
+    return out
+
+
+class DefineByRun:
+    """The function OptunaSearch samples a trial's hyperparameters with.
+
+    A class rather than a closure: Tune pickles the searcher (with this) when it saves the
+    experiment state for resuming.
+    """
+
+    def __init__(self, cfg: ExperimentConfig, dims: BackboneDims):
+        self.cfg = cfg
+        self.dims = dims
+
+    def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
+        params = {key: suggest(trial, key, param) for key, param in self.cfg.space.items()}
+        return derived_values(apply_trial_params(self.cfg, params), self.dims)
+
+
+def trial_config(cfg: ExperimentConfig, tune_config: dict[str, Any]) -> ExperimentConfig:
+    """A trial's full config from Tune's flat ``{key: value}`` (derived keys dropped)."""
+    sampled = {k: v for k, v in tune_config.items() if not k.startswith(DERIVED_PREFIX)}
+    return apply_trial_params(cfg, sampled)

@@ -1,0 +1,294 @@
+"""Assemble and run one search: Ray Tune + Optuna + ASHA over trials that train with Ray.
+
+Flow (see README): validate -> tokenise the task once on the driver -> put it in Ray's
+object store -> Tuner with OptunaSearch (define-by-run space) and ASHA -> each trial trains
+in-process (one worker) or in a Ray Train TorchTrainer (one or more workers) -> every trial
+mirrored to a nested MLflow run -> the best configuration evaluated once on the test split.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from mlflow.tracking import MlflowClient
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.search import ConcurrencyLimiter
+from ray.tune.search.optuna import OptunaSearch
+
+from raypeft.backbones import backbone_dims, load_config
+from raypeft.config import ExperimentConfig
+from raypeft.data import TokenizedTask, prepare_task
+from raypeft.data.metrics import METRIC_MODE
+from raypeft.space import DefineByRun, trial_config
+from raypeft.tracking import (
+    DEFAULT_TRACKING_URI,
+    MLflowTrialCallback,
+    checkpoint_dir,
+    finish_parent_run,
+    open_experiment,
+    start_parent_run,
+)
+from raypeft.train import evaluate, load_checkpoint, train
+
+# The Tune function that drives a Ray Train run needs no CPU of its own; Ray rejects an
+# all-zero request, so it asks for a sliver of memory instead (works on any cluster).
+_DRIVER_RESOURCES = {"CPU": 0, "memory": 64 * 1024**2}
+
+
+@dataclass
+class SearchSummary:
+    """What a finished search found, and where its records are."""
+
+    experiment: str
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    best_trial_id: str
+    best_run_id: str | None
+    best_params: dict[str, Any]
+    metric: str
+    best_validation: dict[str, float]
+    test: dict[str, float]
+    num_trials: int
+    num_errors: int
+    storage_path: str
+    wall_s: float
+    trial_run_ids: dict[str, str] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- trials
+
+
+def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
+    """Tune function trainable: train the trial right here (single worker)."""
+    torch.set_num_threads(threads)
+    cfg = trial_config(ExperimentConfig.model_validate(base), config)
+    task: TokenizedTask = ray.get(data_ref[0])
+
+    def report(metrics: dict, folder: Path | None) -> None:
+        checkpoint = tune.Checkpoint.from_directory(folder) if folder else None
+        tune.report(metrics, checkpoint=checkpoint)
+
+    train(cfg, task, report)
+
+
+def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
+    """Tune function trainable: run the trial as a Ray Train TorchTrainer (1+ workers)."""
+    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    cfg = ExperimentConfig.model_validate(base)
+    res = cfg.resources
+    context = tune.get_context()
+    trainer = TorchTrainer(
+        _train_worker,
+        train_loop_config={"base": base, "params": config, "data_ref": data_ref, "threads": threads},
+        scaling_config=ScalingConfig(
+            num_workers=res.workers_per_trial,
+            use_gpu=res.use_gpu,
+            resources_per_worker={"CPU": res.cpus_per_worker},
+        ),
+        run_config=RunConfig(
+            name=f"{context.get_experiment_name()}-{context.get_trial_id()}",
+            storage_path=_storage_path(cfg),
+            callbacks=[TuneReportCallback()],
+            checkpoint_config=CheckpointConfig(num_to_keep=1),
+        ),
+    )
+    trainer.fit()
+
+
+def _train_worker(loop_config: dict) -> None:
+    """One Ray Train worker: the same loop, with DDP when there are several workers."""
+    import ray.train
+    import ray.train.torch
+
+    torch.set_num_threads(loop_config["threads"])
+    cfg = trial_config(ExperimentConfig.model_validate(loop_config["base"]), loop_config["params"])
+    task: TokenizedTask = ray.get(loop_config["data_ref"][0])
+    context = ray.train.get_context()
+    world = context.get_world_size()
+
+    def report(metrics: dict, folder: Path | None) -> None:
+        checkpoint = ray.train.Checkpoint.from_directory(folder) if folder else None
+        ray.train.report(metrics, checkpoint=checkpoint)
+
+    train(
+        cfg, task, report,
+        device=ray.train.torch.get_device(),
+        wrap_model=ray.train.torch.prepare_model if world > 1 else None,
+        rank=context.get_world_rank(),
+        world_size=world,
+    )
+
+
+def use_ray_train(cfg: ExperimentConfig) -> bool:
+    """``auto``: in-process for one worker (measured faster, see README), else Ray Train."""
+    runner = cfg.resources.trial_runner
+    if runner == "auto":
+        return cfg.resources.workers_per_trial > 1 or cfg.resources.use_gpu
+    return runner == "ray_train"
+
+
+def _storage_path(cfg: ExperimentConfig) -> str:
+    return str(Path(cfg.run.storage_path or "~/ray_results").expanduser().resolve()) \
+        if "://" not in (cfg.run.storage_path or "") else cfg.run.storage_path
+
+
+# ----------------------------------------------------------------------------- search
+
+
+def _trainable(cfg: ExperimentConfig, data_ref: ray.ObjectRef):
+    res = cfg.resources
+    threads = cfg.train.num_threads or max(1, int(res.cpus_per_worker))
+    fn = trial_with_ray_train if use_ray_train(cfg) else trial_in_process
+    wrapped = tune.with_parameters(
+        fn, base=cfg.model_dump(mode="json"), data_ref=[data_ref], threads=threads
+    )
+    if use_ray_train(cfg):
+        return tune.with_resources(wrapped, _DRIVER_RESOURCES)
+    return tune.with_resources(wrapped, {"CPU": res.cpus_per_worker, "GPU": int(res.use_gpu)})
+
+
+def _max_concurrent(cfg: ExperimentConfig) -> int:
+    if cfg.search.max_concurrent:
+        return cfg.search.max_concurrent
+    res = cfg.resources
+    per_trial = res.workers_per_trial * res.cpus_per_worker
+    return max(1, int(ray.cluster_resources().get("CPU", 1) // per_trial))
+
+
+def _searcher(cfg: ExperimentConfig, dims, metric: str, mode: str):
+    import optuna
+
+    sampler = (
+        optuna.samplers.TPESampler(seed=cfg.search.seed)
+        if cfg.search.sampler == "tpe"
+        else optuna.samplers.RandomSampler(seed=cfg.search.seed)
+    )
+    search = OptunaSearch(
+        space=DefineByRun(cfg, dims),
+        metric=metric,
+        mode=mode,
+        sampler=sampler,
+        points_to_evaluate=cfg.grid_points() or None,
+    )
+    return ConcurrencyLimiter(search, max_concurrent=_max_concurrent(cfg))
+
+
+def _scheduler(cfg: ExperimentConfig, metric: str, mode: str):
+    sched = cfg.search.scheduler
+    if sched.type == "none":
+        return FIFOScheduler()
+    # one Tune iteration = one evaluation (every train.eval_every steps)
+    max_t = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
+    return ASHAScheduler(
+        time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
+        grace_period=min(sched.grace_period, max_t), reduction_factor=sched.reduction_factor,
+    )
+
+
+def init_ray(address: str | None) -> None:
+    """Connect to a cluster (``address``) or start a local Ray with this machine's CPUs."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+
+
+def run_experiment(cfg: ExperimentConfig, *, address: str | None = None, quiet: bool = False,
+                   source: str = "<memory>", printer=print) -> SearchSummary:
+    """Run the whole search described by ``cfg`` and return its summary."""
+    start = time.time()
+    say = (lambda *_: None) if quiet else printer
+    task = cfg.task
+    metric_name = cfg.search.metric or None
+    say(f"Preparing task {task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ...")
+    data = prepare_task(cfg.task, cfg.model)
+    metric_name = cfg.search.metric or data.spec.primary_metric
+    mode = cfg.search.mode or METRIC_MODE.get(metric_name, "max")
+    tune_metric = f"best_val_{metric_name}"
+    dims = backbone_dims(load_config(cfg.model, data.num_labels, data.spec.problem), cfg.model.max_length)
+    say(f"  train/validation/test: {data.size('train')}/{data.size('validation')}/{data.size('test')}"
+        f" examples, {data.num_labels} labels, metric {metric_name} ({mode})")
+
+    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
+    parent_run_id = start_parent_run(client, experiment_id, cfg, source)
+    tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, None)
+    try:
+        init_ray(address)
+        data_ref = ray.put(data)  # tokenised once; every trial reads this one copy
+        storage = _storage_path(cfg)
+        tuner = tune.Tuner(
+            _trainable(cfg, data_ref),
+            tune_config=tune.TuneConfig(
+                search_alg=_searcher(cfg, dims, tune_metric, mode),
+                scheduler=_scheduler(cfg, tune_metric, mode),
+                num_samples=cfg.search.num_samples,
+                reuse_actors=not use_ray_train(cfg),
+            ),
+            run_config=tune.RunConfig(
+                name=f"{cfg.name}-{parent_run_id[:8]}",
+                storage_path=storage,
+                callbacks=[tracker],
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                verbose=0 if quiet else 1,
+            ),
+        )
+        results = tuner.fit()
+        errors = len(results.errors)
+        best = results.get_best_result(metric=tune_metric, mode=mode, scope="all")
+        if best is None or best.metrics is None or tune_metric not in best.metrics:
+            client.set_terminated(parent_run_id, "FAILED")
+            raise RuntimeError(f"no trial reported {tune_metric}; {errors} trial(s) failed")
+        best_trial_id = best.metrics["trial_id"]
+        best_params = {k: v for k, v in best.config.items()}
+        best_val = {k[len("best_"):]: v for k, v in best.metrics.items()
+                    if k.startswith("best_val_") and isinstance(v, (int, float))}
+        folder = Path(best.checkpoint.to_directory()) if best.checkpoint else None
+        if folder is None and best.metrics.get("checkpoint_path"):
+            from ray.train import Checkpoint
+            folder = Path(Checkpoint(best.metrics["checkpoint_path"]).to_directory())
+        test = {}
+        if folder is not None:
+            say("Evaluating the best configuration on the test split ...")
+            torch.set_num_threads(os.cpu_count() or 1)
+            _, model = load_checkpoint(folder, data)
+            scores = evaluate(model, data.splits["test"], data.spec.metrics,
+                              cfg.train.eval_batch_size, torch.device("cpu"))
+            test = {f"test_{k}": v for k, v in scores.items()}
+        summary = SearchSummary(
+            experiment=cfg.tracking.experiment or cfg.name, tracking_uri=uri,
+            experiment_id=experiment_id, parent_run_id=parent_run_id,
+            best_trial_id=best_trial_id, best_run_id=tracker.run_ids.get(best_trial_id),
+            best_params=best_params, metric=metric_name, best_validation=best_val, test=test,
+            num_trials=len(results), num_errors=errors, storage_path=str(Path(storage) / f"{cfg.name}-{parent_run_id[:8]}"),
+            wall_s=time.time() - start, trial_run_ids=dict(tracker.run_ids),
+        )
+        finish_parent_run(
+            client, parent_run_id,
+            {"trial_id": best_trial_id, "run_id": summary.best_run_id, "config": best_params,
+             "metrics": {**{f"best_{k}": v for k, v in best_val.items()}, **test,
+                         "num_trials": summary.num_trials, "num_failed_trials": errors}},
+            folder,
+        )
+        return summary
+    except BaseException:
+        run = client.get_run(parent_run_id)
+        if run.info.status == "RUNNING":
+            client.set_terminated(parent_run_id, "KILLED")
+        raise

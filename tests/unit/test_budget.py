@@ -1,0 +1,72 @@
+"""Closed-form parameter counts (METHODS.md: PT and DePT; T5-base shapes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from raypeft.budget import (
+    BudgetRow,
+    dept_budget_table,
+    dept_params,
+    dept_rank_for_budget,
+    prompt_tuning_params,
+)
+
+D, S, L = 768, 256, 100  # T5-base hidden size, max length, PT prompt length
+PAPER = {20: 60, 40: 45, 60: 30, 80: 15}  # DePT Table: m -> r at PT's budget
+
+
+def test_prompt_tuning_t5_base():
+    assert prompt_tuning_params(L, D) == 76_800
+    assert prompt_tuning_params(5, 1024) == 5_120  # IDPG's PT (t=5), RoBERTa-large
+
+
+@pytest.mark.parametrize("m,r", sorted(PAPER.items()))
+def test_dept_rank_for_budget_matches_paper(m, r):
+    assert dept_rank_for_budget(L, m, S, D) == r
+    assert dept_params(m, r, S, D) == 76_800
+    # by hand: m·d + (s+d)·r
+    assert m * D + (S + D) * r == 76_800
+
+
+def test_dept_params_closed_form():
+    assert dept_params(prompt_length=3, rank=2, max_length=10, hidden_size=7) == 3 * 7 + 17 * 2
+    assert dept_params(prompt_length=60, rank=0, max_length=S, hidden_size=D) == 60 * D
+
+
+def test_budget_table_paper_rows_have_no_slack():
+    rows = dept_budget_table(L, S, D, prompt_lengths=[20, 40, 60, 80])
+    assert rows == [BudgetRow(m, r, 76_800, 0) for m, r in sorted(PAPER.items())]
+
+
+def test_budget_table_default_prompt_lengths():
+    rows = dept_budget_table(L, S, D)
+    assert [row.prompt_length for row in rows] == list(range(10, 100, 10))
+    for row in rows:
+        assert row.rank == (L - row.prompt_length) * D // (S + D)
+        assert row.params == dept_params(row.prompt_length, row.rank, S, D)
+        assert row.slack == 76_800 - row.params >= 0
+        # the floor is the largest rank that fits: one more would exceed the budget
+        assert dept_params(row.prompt_length, row.rank + 1, S, D) > 76_800
+
+
+def test_non_integer_rank_floors_and_reports_slack():
+    # m=30: r = 70·768/1024 = 52.5 -> 52; count 30·768 + 1024·52 = 76,288, slack 512
+    assert dept_rank_for_budget(L, 30, S, D) == 52
+    (row,) = dept_budget_table(L, S, D, prompt_lengths=[30])
+    assert row == BudgetRow(prompt_length=30, rank=52, params=76_288, slack=512)
+    assert row.slack > 0
+
+
+def test_budget_table_skips_rank_zero():
+    # m=99 leaves 768 params: r = 768 // 1024 = 0, no configuration fits
+    assert dept_rank_for_budget(L, 99, S, D) == 0
+    assert dept_budget_table(L, S, D, prompt_lengths=[99, 80]) == [BudgetRow(80, 15, 76_800, 0)]
+
+
+@pytest.mark.parametrize("m", [100, 101, 250])
+def test_prompt_length_not_below_budget_raises(m):
+    with pytest.raises(ValueError, match="prompt_length < budget_prompt_length"):
+        dept_rank_for_budget(L, m, S, D)
+    with pytest.raises(ValueError, match=f"prompt_length={m}"):
+        dept_budget_table(L, S, D, prompt_lengths=[m])
