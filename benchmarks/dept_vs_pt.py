@@ -17,38 +17,49 @@ random token ids with ``--data random``); both methods get the very same batches
    order within a pair flips every round), so slow phases of a shared, noisy machine hit both
    alike. Reported: median step time per method, and the median of the per-pair ratios.
 2. Inference time per batch: a ``torch.no_grad`` forward in eval mode, interleaved the same way.
-3. Peak memory of a training step, measured with the kernel's high-water mark of the process's
-   resident set. Each method runs in a FRESH subprocess (this script with a hidden flag), so no
-   other model or allocator history is in it; the subprocesses alternate PT/DePT over
-   ``--memory-repeats`` repeats. A subprocess reads the pre-tokenised batches from a file
-   written by the parent (so no CSV parsing or tokeniser is in its peak), loads the model,
-   records its current RSS (``/proc/self/statm``) and ``ru_maxrss``, runs one no-grad forward
-   (``ru_maxrss`` again), then ``--memory-steps`` training steps (``ru_maxrss`` again). Reported:
-   the total peak RSS after training, and the memory ADDED by training (peak after the steps
-   minus the RSS right after loading: activations kept for backward, gradients, AdamW state)
-   and by inference (peak after the no-grad forward minus the same RSS). The peak is a
-   high-water mark: if loading the model itself peaked higher than inference does, the
-   inference figure shows the load peak instead (the table marks the load peak too).
+3. Peak memory of a training step, from the kernel's high-water mark of the resident set. Each
+   method runs in a FRESH subprocess (this script with a hidden flag), so no other model or
+   allocator history is in it; the subprocesses alternate PT/DePT over ``--memory-repeats``
+   repeats. A subprocess reads the pre-tokenised batches from a file the parent wrote (no CSV
+   parsing or tokeniser in it), loads the model and records its RSS, then resets the
+   high-water mark (``echo 5 > /proc/self/clear_refs``), runs one no-grad forward and reads the
+   high-water mark (``VmHWM`` in ``/proc/self/status``), resets it again and runs
+   ``--memory-steps`` training steps and reads it again. Reported: the memory ADDED by a
+   training step (peak during the steps minus the RSS before them: activations kept for
+   backward, gradients, AdamW state) and by an inference forward, and the total training peak.
+   Why not ``resource.getrusage(RUSAGE_SELF).ru_maxrss``: on Linux a child started by
+   fork+exec inherits its parent's RSS in ``ru_maxrss`` (the benchmark's parent holds two
+   models and their activations, ~1.5 GB, which masked everything), and ``ru_maxrss`` cannot
+   be reset between phases. Where ``/proc`` is unavailable the script falls back to
+   ``ru_maxrss`` (and says so). The subprocesses run with ``MALLOC_MMAP_THRESHOLD_=65536``:
+   glibc's adaptive threshold otherwise keeps freed activation buffers in the heap, so the RSS
+   of step 2 would carry step 1's garbage (measured: +185 MB on the training peak of each
+   method, which blurs their difference). Timing runs with the default allocator.
 
 Part B: Ray-driven trial throughput against the bare training loop on the same work. A small
 configuration (MiniLM, s=64, PT l=20, ``max_steps=40``, ``eval_every=20``, 640 training and 200
-validation tweets) is trained N times (``--ray-trials``, default 4) by calling
-``raypeft.train.train`` directly in this process, one after another, and then through
-``raypeft.tune.run_experiment`` (Ray Tune + Optuna + MLflow; ``search.num_samples=N``,
-``search.scheduler.type=none``) once with ``resources.trial_runner=in_process`` and once with
-``ray_train``. The searched key is ``method.lr`` (choice of 0.1/0.3), which does not change the
-work. Reported: total wall time of the search vs N bare trials (+ the one tokenisation the
-search also does), the ratio, and the overhead per trial in seconds. MLflow writes to a sqlite
-file and Ray to a storage path, both in a temp dir, so nothing lands in the repo. Note that Tune
-may run trials concurrently (2 CPUs: two 1-thread trials), while the bare loop runs one trial at
-a time with ``--threads`` threads.
+validation/test tweets) is trained N times (``--ray-trials``, default 4) by calling
+``raypeft.train.train(cfg, task, report=lambda m, c: None)`` directly in this process, one
+after another (the "bare loop"), and through ``raypeft.tune.run_experiment`` (Ray Tune + Optuna
++ MLflow; ``search.num_samples=N``, ``search.scheduler.type=none``), once with
+``resources.trial_runner=in_process`` and once with ``ray_train``. The searched key is
+``method.lr`` (a choice of 0.1/0.3), which does not change the work. Bare passes and Ray runs
+alternate (bare, in_process, bare, ray_train, bare) and the bare reference is tokenisation +
+N x the median bare trial. Each Ray run starts and shuts down its own local Ray, as one
+``raypeft tune`` invocation would, so its wall time includes ``ray.init``, MLflow's sqlite
+setup, tokenisation, and the final test-split evaluation of the best trial. Reported: total
+wall time of the search against the bare reference, the ratio, and the overhead per trial in
+seconds. MLflow writes to a sqlite file (its artifacts to ./mlruns, so the searches run with
+the temp dir as working directory) and Ray to a storage path, all in a temp dir, so nothing
+lands in the repo. Tune runs trials concurrently where CPUs allow (2 CPUs: two 1-thread
+trials), while the bare loop runs one trial at a time with ``--threads`` threads.
 
 Absolute numbers depend on the (shared, 2-core) machine; read the ratios.
 
 How to run
 ----------
     .venv/bin/python benchmarks/dept_vs_pt.py                 # Part A and Part B
-    .venv/bin/python benchmarks/dept_vs_pt.py --skip-ray      # Part A only (~2-5 min)
+    .venv/bin/python benchmarks/dept_vs_pt.py --skip-ray      # Part A only (~3-5 min)
     .venv/bin/python benchmarks/dept_vs_pt.py --skip-steps    # Part B only
     .venv/bin/python benchmarks/dept_vs_pt.py --steps 20 --threads 1 --data random
 
@@ -68,7 +79,7 @@ import tempfile
 import time
 from pathlib import Path
 
-# Quiet and local: no usage stats, no telemetry, no Ray token file for a benchmark.
+# Quiet and local: no usage stats, no telemetry, no tokenizer thread pools.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -76,6 +87,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 MiB = 1024 * 1024
 METHODS = ("pt", "dept")
 LABEL = {"pt": "PT", "dept": "DePT"}
+INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -84,7 +96,8 @@ LABEL = {"pt": "PT", "dept": "DePT"}
 def method_dict(name: str, args: argparse.Namespace) -> dict:
     if name == "pt":
         return {"name": "pt", "prompt_length": args.pt_length}
-    return {"name": "dept", "prompt_length": args.dept_length, "budget_prompt_length": args.pt_length}
+    return {"name": "dept", "prompt_length": args.dept_length,
+            "budget_prompt_length": args.pt_length}
 
 
 def step_config(name: str, args: argparse.Namespace):
@@ -114,6 +127,7 @@ def build(name: str, args: argparse.Namespace, num_labels: int):
 
 
 def train_step(model, optimizer, batch, max_grad_norm) -> None:
+    """One step as ``raypeft.train.train`` takes it: forward, backward, clip, AdamW."""
     import torch
 
     from raypeft.train import loss_fn
@@ -154,20 +168,20 @@ def make_batches(args: argparse.Namespace) -> tuple[dict, int]:
         )
         arrays = dict(task.splits["train"])
         num_labels = task.num_labels
-    out = {
-        k: np.asarray(v, dtype=np.int64).reshape(args.num_batches, args.batch_size, *v.shape[1:])
-        for k, v in arrays.items()
-    }
-    assert out["input_ids"].shape[-1] == args.max_length, "inputs must be padded to exactly s"
+    shape = (args.num_batches, args.batch_size)
+    out = {k: np.asarray(v, dtype=np.int64).reshape(*shape, *v.shape[1:])
+           for k, v in arrays.items()}
+    if out["input_ids"].shape[-1] != args.max_length:
+        raise AssertionError("inputs must be padded to exactly s")
     return out, num_labels
 
 
-def torch_batches(arrays: dict) -> list[tuple[dict, object]]:
+def torch_batches(arrays: dict) -> list:
     import torch
 
     batches = []
     for i in range(arrays["input_ids"].shape[0]):
-        inputs = {k: torch.from_numpy(arrays[k][i]) for k in ("input_ids", "attention_mask", "token_type_ids") if k in arrays}
+        inputs = {k: torch.from_numpy(arrays[k][i]) for k in INPUT_KEYS if k in arrays}
         batches.append((inputs, torch.from_numpy(arrays["labels"][i])))
     return batches
 
@@ -183,23 +197,57 @@ def rss_now() -> int:
         return psutil.Process().memory_info().rss
 
 
-def rss_peak() -> int:
-    """High-water mark of the resident set in bytes (ru_maxrss: KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
+class PeakMeter:
+    """High-water mark of this process's RSS, resettable where Linux allows it."""
+
+    def __init__(self) -> None:
+        self.resettable = self._reset() and self._hwm() is not None
+        self.source = "VmHWM (reset via clear_refs)" if self.resettable else "ru_maxrss"
+
+    @staticmethod
+    def _reset() -> bool:
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # reset the peak RSS to the current RSS (Linux >= 4.0)
+            return True
+        except OSError:
+            return False
+
+    @staticmethod
+    def _hwm() -> int | None:
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return None
+
+    def reset(self) -> None:
+        if self.resettable:
+            self._reset()
+
+    def peak(self) -> int:
+        if self.resettable:
+            return self._hwm()
+        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB (bytes on macOS)
+        return maxrss if sys.platform == "darwin" else maxrss * 1024
 
 
 def median_ratio(num: list[float], den: list[float]) -> float:
-    return statistics.median(a / b for a, b in zip(num, den))
+    return statistics.median(a / b for a, b in zip(num, den, strict=True))
 
 
-def print_table(rows: list[tuple[str, str, str, str]]) -> None:
-    header = ("metric", "PT", "DePT", "ratio DePT/PT")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
-    line = "  ".join("-" * w for w in widths)
-    fmt = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+
+    def fmt(row):
+        cells = zip(row, widths, strict=True)
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells))
+
     print(fmt(header))
-    print(line)
+    print("  ".join("-" * w for w in widths))
     for r in rows:
         print(fmt(r))
 
@@ -209,6 +257,8 @@ def print_table(rows: list[tuple[str, str, str, str]]) -> None:
 
 def memory_worker(args: argparse.Namespace) -> None:
     """Hidden entry point: one method's memory in a fresh process; prints one JSON line."""
+    import gc
+
     import numpy as np
     import torch
 
@@ -216,27 +266,28 @@ def memory_worker(args: argparse.Namespace) -> None:
     with np.load(args._batches) as data:
         arrays = {k: data[k] for k in data.files}
     batches = torch_batches(arrays)
-    num_labels = int(args._num_labels)
-    cfg, model, optimizer = build(args._memory_worker, args, num_labels)
-    import gc
-
+    cfg, model, optimizer = build(args._memory_worker, args, int(args._num_labels))
+    meter = PeakMeter()  # its first reset happens here
     gc.collect()
-    rss_loaded, peak_loaded = rss_now(), rss_peak()
+    out = {"source": meter.source, "peak_loaded": meter.peak()}
+    meter.reset()
+    out["rss_loaded"] = rss_now()
     model.eval()
     with torch.no_grad():
         model(**batches[0][0])
-    peak_infer = rss_peak()
+    out["peak_infer"] = meter.peak()
     model.train()
+    gc.collect()
+    meter.reset()
+    out["rss_before_train"] = rss_now()
     for i in range(args.memory_steps):
         train_step(model, optimizer, batches[i % len(batches)], cfg.train.max_grad_norm)
-    peak_train = rss_peak()
-    print(json.dumps({
-        "rss_loaded": rss_loaded, "peak_loaded": peak_loaded,
-        "peak_infer": peak_infer, "peak_train": peak_train,
-    }))
+    out["peak_train"] = meter.peak()
+    print(json.dumps(out))
 
 
-def run_memory_subprocess(name: str, args: argparse.Namespace, batches_file: Path, num_labels: int) -> dict:
+def run_memory_subprocess(name: str, args: argparse.Namespace, batches_file: Path,
+                          num_labels: int) -> dict:
     cmd = [
         sys.executable, str(Path(__file__).resolve()), "--_memory-worker", name,
         "--_batches", str(batches_file), "--_num-labels", str(num_labels),
@@ -245,7 +296,10 @@ def run_memory_subprocess(name: str, args: argparse.Namespace, batches_file: Pat
         "--batch-size", str(args.batch_size), "--pt-length", str(args.pt_length),
         "--dept-length", str(args.dept_length),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    # A fixed mmap threshold turns off glibc's adaptive one, so freed tensors go back to the
+    # OS and RSS follows the live tensors instead of the heap's history.
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(64 * 1024))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"memory worker for {name} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -260,7 +314,7 @@ def part_a(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     print(f"== Part A: PT l={args.pt_length} vs DePT m={args.dept_length} (same budget), "
           f"model={args.model}, s={args.max_length}, batch={args.batch_size}, "
-          f"threads={args.threads}, data={args.data}")
+          f"threads={args.threads}, data={args.data}", flush=True)
     t0 = time.perf_counter()
     arrays, num_labels = make_batches(args)
     batches = torch_batches(arrays)
@@ -268,17 +322,18 @@ def part_a(args: argparse.Namespace) -> None:
     built = {name: build(name, args, num_labels) for name in METHODS}
     dims = built["pt"][1].dims
     counts = {name: built[name][1].method.num_trainable() for name in METHODS}
-    heads = {name: sum(p.numel() for p in built[name][1].param_groups()["head"]) for name in METHODS}
-    dept_cfg = built["dept"][1].method.config.resolve(dims)
+    head = sum(p.numel() for p in built["pt"][1].param_groups()["head"])
+    rank = built["dept"][1].method.config.resolve(dims).rank
     budget = prompt_tuning_params(args.pt_length, dims.hidden_size)
+    slack = budget - counts["dept"]
     seq = {"pt": args.pt_length + dims.max_length, "dept": args.dept_length + dims.max_length}
-    print(f"d={dims.hidden_size}, s={dims.max_length}, DePT rank r={dept_cfg.rank}; "
-          f"trainable prompt params: PT {counts['pt']:,}, DePT {counts['dept']:,} "
-          f"(budget l*d = {budget:,}, DePT floor slack = {budget - counts['dept']:,}); "
-          f"task head {heads['pt']:,} / {heads['dept']:,} (not counted)")
-    assert counts["pt"] == budget and 0 <= budget - counts["dept"] < dims.max_length + dims.hidden_size
+    print(f"d={dims.hidden_size}, s={dims.max_length}, DePT rank r={rank}; trainable prompt "
+          f"params: PT {counts['pt']:,}, DePT {counts['dept']:,} (budget l*d = {budget:,}, "
+          f"DePT floor slack = {slack:,}); task head {head:,} each (not counted)", flush=True)
+    if counts["pt"] != budget or not 0 <= slack < dims.max_length + dims.hidden_size:
+        raise AssertionError("PT and DePT are not at equal trainable parameters")
 
-    # -- 1. training steps, interleaved step by step
+    # -- 1. training steps, alternating step by step (order flipped every round)
     for _, model, _ in built.values():
         model.train()
     for i in range(args.warmup):
@@ -287,16 +342,15 @@ def part_a(args: argparse.Namespace) -> None:
             train_step(model, opt, batches[i % len(batches)], cfg.train.max_grad_norm)
     step_times = {name: [] for name in METHODS}
     for i in range(args.steps):
-        order = METHODS if i % 2 == 0 else METHODS[::-1]
         batch = batches[(args.warmup + i) % len(batches)]
-        for name in order:
+        for name in METHODS if i % 2 == 0 else METHODS[::-1]:
             cfg, model, opt = built[name]
             start = time.perf_counter()
             train_step(model, opt, batch, cfg.train.max_grad_norm)
             step_times[name].append(time.perf_counter() - start)
-    print(f"  training steps done ({time.perf_counter() - t0:.0f} s so far)")
+    print(f"  training steps done ({time.perf_counter() - t0:.0f} s so far)", flush=True)
 
-    # -- 2. inference, interleaved batch by batch
+    # -- 2. inference, alternating batch by batch
     infer_times = {name: [] for name in METHODS}
     for _, model, _ in built.values():
         model.eval()
@@ -304,73 +358,72 @@ def part_a(args: argparse.Namespace) -> None:
         for name in METHODS:  # one warm-up forward each
             built[name][1](**batches[0][0])
         for i in range(args.infer_batches):
-            order = METHODS if i % 2 == 0 else METHODS[::-1]
             inputs = batches[i % len(batches)][0]
-            for name in order:
+            for name in METHODS if i % 2 == 0 else METHODS[::-1]:
                 start = time.perf_counter()
                 built[name][1](**inputs)
                 infer_times[name].append(time.perf_counter() - start)
-    print(f"  inference done ({time.perf_counter() - t0:.0f} s so far)")
+    print(f"  inference done ({time.perf_counter() - t0:.0f} s so far)", flush=True)
     del built
 
-    # -- 3. memory, one fresh subprocess per method and repeat, alternating
+    # -- 3. memory: one fresh subprocess per method and repeat, alternating
     mem = {name: [] for name in METHODS}
     if args.memory_repeats:
         with tempfile.TemporaryDirectory() as tmp:
             batches_file = Path(tmp) / "batches.npz"
             np.savez(batches_file, **arrays)
             for rep in range(args.memory_repeats):
-                for name in (METHODS if rep % 2 == 0 else METHODS[::-1]):
+                for name in METHODS if rep % 2 == 0 else METHODS[::-1]:
                     mem[name].append(run_memory_subprocess(name, args, batches_file, num_labels))
-        print(f"  memory done ({time.perf_counter() - t0:.0f} s so far)")
+        print(f"  memory done ({time.perf_counter() - t0:.0f} s so far; peak source: "
+              f"{mem['pt'][0]['source']})", flush=True)
 
     # -- table
-    med = {name: statistics.median(step_times[name]) for name in METHODS}
-    inf = {name: statistics.median(infer_times[name]) for name in METHODS}
+    def row(label, a, b, fmt):
+        return (label, format(a, fmt), format(b, fmt), f"{b / a:.3f}")
+
+    st, it = step_times, infer_times
     rows = [
-        ("trainable prompt params", f"{counts['pt']:,}", f"{counts['dept']:,}",
-         f"{counts['dept'] / counts['pt']:.4f}"),
-        ("backbone sequence length", str(seq["pt"]), str(seq["dept"]), f"{seq['dept'] / seq['pt']:.3f}"),
-        (f"train step, median of {args.steps} (s)", f"{med['pt']:.3f}", f"{med['dept']:.3f}",
-         f"{med['dept'] / med['pt']:.3f}"),
-        ("train step, median per-pair ratio", "", "", f"{median_ratio(step_times['dept'], step_times['pt']):.3f}"),
-        ("train step, min (s)", f"{min(step_times['pt']):.3f}", f"{min(step_times['dept']):.3f}",
-         f"{min(step_times['dept']) / min(step_times['pt']):.3f}"),
-        (f"inference/batch, median of {args.infer_batches} (s)", f"{inf['pt']:.3f}", f"{inf['dept']:.3f}",
-         f"{inf['dept'] / inf['pt']:.3f}"),
-        ("inference/batch, median per-pair ratio", "", "",
-         f"{median_ratio(infer_times['dept'], infer_times['pt']):.3f}"),
+        row("trainable prompt params", counts["pt"], counts["dept"], ","),
+        row("backbone sequence length (l|m + s)", seq["pt"], seq["dept"], "d"),
+        row(f"train step, median of {args.steps} (s)",
+            statistics.median(st["pt"]), statistics.median(st["dept"]), ".3f"),
+        ("train step, median of per-pair ratios", "", "",
+         f"{median_ratio(st['dept'], st['pt']):.3f}"),
+        row("train step, fastest (s)", min(st["pt"]), min(st["dept"]), ".3f"),
+        row(f"inference/batch, median of {args.infer_batches} (s)",
+            statistics.median(it["pt"]), statistics.median(it["dept"]), ".3f"),
+        ("inference/batch, median of per-pair ratios", "", "",
+         f"{median_ratio(it['dept'], it['pt']):.3f}"),
+        row("inference/batch, fastest (s)", min(it["pt"]), min(it["dept"]), ".3f"),
     ]
     if args.memory_repeats:
         def mib(name, f):
             return statistics.median(f(r) for r in mem[name]) / MiB
 
         memrows = [
-            ("peak RSS, training (MiB)", lambda r: r["peak_train"]),
-            ("added by training step (MiB)", lambda r: r["peak_train"] - r["rss_loaded"]),
-            ("added by inference forward (MiB)", lambda r: r["peak_infer"] - r["rss_loaded"]),
-            ("RSS after load (MiB)", lambda r: r["rss_loaded"]),
-            ("peak RSS while loading (MiB)", lambda r: r["peak_loaded"]),
+            ("train step: memory added (MiB)", lambda r: r["peak_train"] - r["rss_before_train"]),
+            ("train step: peak RSS, total (MiB)", lambda r: r["peak_train"]),
+            ("inference: memory added (MiB)", lambda r: r["peak_infer"] - r["rss_loaded"]),
+            ("RSS after loading (MiB)", lambda r: r["rss_loaded"]),
         ]
-        for label, f in memrows:
-            a, b = mib("pt", f), mib("dept", f)
-            rows.append((label, f"{a:.0f}", f"{b:.0f}", f"{b / a:.3f}"))
+        rows += [row(label, mib("pt", f), mib("dept", f), ".0f") for label, f in memrows]
     print()
-    print_table(rows)
+    print_table(("metric", "PT", "DePT", "ratio DePT/PT"), rows)
     print()
     print("raw train step times (s):")
     for name in METHODS:
-        print(f"  {LABEL[name]:5s}", " ".join(f"{t:.3f}" for t in step_times[name]))
+        print(f"  {LABEL[name]:5s}", " ".join(f"{t:.3f}" for t in st[name]))
     print("raw inference times (s):")
     for name in METHODS:
-        print(f"  {LABEL[name]:5s}", " ".join(f"{t:.3f}" for t in infer_times[name]))
+        print(f"  {LABEL[name]:5s}", " ".join(f"{t:.3f}" for t in it[name]))
     if args.memory_repeats:
-        print("raw memory (MiB: rss_loaded / peak_loaded / peak_infer / peak_train):")
+        keys = ("peak_loaded", "rss_loaded", "peak_infer", "rss_before_train", "peak_train")
+        print("raw memory per subprocess (MiB: " + " / ".join(keys) + "):")
         for name in METHODS:
             for r in mem[name]:
-                print(f"  {LABEL[name]:5s}", " / ".join(f"{r[k] / MiB:.0f}" for k in
-                                                    ("rss_loaded", "peak_loaded", "peak_infer", "peak_train")))
-    print(f"Part A took {time.perf_counter() - t0:.0f} s")
+                print(f"  {LABEL[name]:5s}", " / ".join(f"{r[k] / MiB:.0f}" for k in keys))
+    print(f"Part A took {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 # ----------------------------------------------------------------------------- Part B
@@ -392,65 +445,87 @@ def ray_config(args: argparse.Namespace, runner: str, tmp: Path):
                        "max_concurrent": args.ray_max_concurrent},
             "space": {"method.lr": {"choice": [0.1, 0.3]}},
             "resources": {"trial_runner": runner},
-            "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}", "experiment": f"bench_ray_{runner}"},
+            "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}",
+                         "experiment": f"bench_ray_{runner}"},
             "run": {"storage_path": str(tmp / "ray_results")},
         },
         "benchmark",
     )
 
 
-def part_b(args: argparse.Namespace) -> None:
+def part_b(args: argparse.Namespace) -> bool:
+    """Returns False when ``raypeft.tune.run_experiment`` is not there yet."""
     import torch
 
     try:
         from raypeft.tune import run_experiment
     except ImportError as exc:
         print(f"== Part B skipped: raypeft.tune.run_experiment is not available ({exc})")
-        return
+        return False
+    import ray
+
     from raypeft.config import apply_trial_params
     from raypeft.data import prepare_task
     from raypeft.train import train
 
-    torch.set_num_threads(args.threads)
     n = args.ray_trials
     runners = [r.strip() for r in args.ray_runners.split(",") if r.strip()]
     print(f"== Part B: {n} trials of {args.ray_model} s={args.ray_max_length} PT l=20, "
-          f"max_steps={args.ray_steps}, eval_every={args.ray_eval_every}; runners {runners}")
+          f"max_steps={args.ray_steps}, eval_every={args.ray_eval_every}, "
+          f"{args.ray_train_examples} train / {args.ray_eval_examples} eval examples; "
+          f"runners {runners}; bare loop with {args.threads} threads", flush=True)
+    t0 = time.perf_counter()
+    bare: list[float] = []
+    preps: list[float] = []
+    results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="raypeft_bench_") as tmpdir:
         tmp = Path(tmpdir)
-        # bare loop: tokenise once (the search does too), then N trials one after another
         base = ray_config(args, "in_process", tmp)
-        start = time.perf_counter()
-        task = prepare_task(base.task, base.model)
-        prep = time.perf_counter() - start
-        bare = []
-        for i in range(n):
-            cfg = apply_trial_params(base, {"method.lr": [0.1, 0.3][i % 2]})
+
+        def bare_pass() -> None:
+            torch.set_num_threads(args.threads)
             start = time.perf_counter()
-            train(cfg, task, report=lambda m, c: None)
-            bare.append(time.perf_counter() - start)
-        bare_total = prep + sum(bare)
-        print(f"  bare loop: tokenise {prep:.1f} s, trials " + " ".join(f"{t:.1f}" for t in bare)
-              + f" s; total {bare_total:.1f} s")
-        results = {}
+            task = prepare_task(base.task, base.model)
+            preps.append(time.perf_counter() - start)
+            times = []
+            for i in range(n):
+                cfg = apply_trial_params(base, {"method.lr": [0.1, 0.3][i % 2]})
+                start = time.perf_counter()
+                train(cfg, task, report=lambda m, c: None)
+                times.append(time.perf_counter() - start)
+            bare.extend(times)
+            print(f"  bare pass: tokenise {preps[-1]:.1f} s, trials "
+                  + " ".join(f"{t:.1f}" for t in times) + " s", flush=True)
+
+        bare_pass()
         for runner in runners:
             cfg = ray_config(args, runner, tmp)
-            start = time.perf_counter()
-            summary = run_experiment(cfg, quiet=True)
+            cwd = os.getcwd()
+            # MLflow's sqlite store puts artifacts in ./mlruns of the working directory
+            os.chdir(tmp)
+            try:
+                start = time.perf_counter()
+                summary = run_experiment(cfg, quiet=True)
+                ray.shutdown()
+            finally:
+                os.chdir(cwd)
             results[runner] = time.perf_counter() - start
-            text = repr(summary)
-            print(f"  ray {runner}: {results[runner]:.1f} s; summary: "
-                  f"{text[:300] + ('...' if len(text) > 300 else '')}")
+            print(f"  ray {runner}: {results[runner]:.1f} s wall (summary.wall_s "
+                  f"{summary.wall_s:.1f}); trials {summary.num_trials}, errors "
+                  f"{summary.num_errors}, best {summary.best_validation}", flush=True)
+            if args.bare_between:
+                bare_pass()
+    bare_total = statistics.median(preps) + n * statistics.median(bare)
     print()
-    header = ("runner", "N", "bare total (s)", "ray total (s)", "ratio ray/bare", "overhead/trial (s)")
+    header = ("trial runner", "N", "bare loop (s)", "through Ray (s)", "ratio Ray/bare",
+              "overhead per trial (s)")
     rows = [(r, str(n), f"{bare_total:.1f}", f"{t:.1f}", f"{t / bare_total:.2f}",
              f"{(t - bare_total) / n:+.1f}") for r, t in results.items()]
-    widths = [max(len(x[i]) for x in [header, *rows]) for i in range(len(header))]
-    print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
-    print(f"(median bare trial {statistics.median(bare):.1f} s; bare total = tokenise + sum of trials)")
+    print_table(header, rows)
+    print(f"(bare loop = median tokenisation {statistics.median(preps):.1f} s + {n} x median "
+          f"bare trial {statistics.median(bare):.1f} s over {len(bare)} bare trials; "
+          f"Part B took {time.perf_counter() - t0:.0f} s)", flush=True)
+    return True
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -459,34 +534,40 @@ def part_b(args: argparse.Namespace) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--skip-steps", action="store_true", help="skip Part A (PT vs DePT steps/memory)")
-    p.add_argument("--skip-ray", action="store_true", help="skip Part B (Ray vs bare loop)")
+    p.add_argument("--skip-steps", action="store_true",
+                   help="skip Part A (PT vs DePT step time, inference, memory)")
+    p.add_argument("--skip-ray", action="store_true", help="skip Part B (Ray vs the bare loop)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (A and bare B)")
     a = p.add_argument_group("Part A")
     a.add_argument("--model", default="minilm")
     a.add_argument("--max-length", type=int, default=256, help="s")
     a.add_argument("--pt-length", type=int, default=100, help="PT l (also DePT's budget)")
     a.add_argument("--dept-length", type=int, default=40, help="DePT m")
     a.add_argument("--batch-size", type=int, default=16)
-    a.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     a.add_argument("--data", choices=["tweets", "random"], default="tweets")
     a.add_argument("--num-batches", type=int, default=4, help="distinct batches cycled through")
     a.add_argument("--warmup", type=int, default=2, help="untimed training steps per method")
     a.add_argument("--steps", type=int, default=10, help="timed training steps per method")
-    a.add_argument("--infer-batches", type=int, default=10, help="timed no-grad forwards per method")
+    a.add_argument("--infer-batches", type=int, default=10,
+                   help="timed no-grad forwards per method")
     a.add_argument("--memory-repeats", type=int, default=2,
                    help="fresh subprocesses per method for peak memory (0: skip memory)")
-    a.add_argument("--memory-steps", type=int, default=2, help="training steps per memory subprocess")
+    a.add_argument("--memory-steps", type=int, default=2,
+                   help="training steps per memory subprocess")
     b = p.add_argument_group("Part B")
-    b.add_argument("--ray-trials", type=int, default=4)
+    b.add_argument("--ray-trials", type=int, default=4, help="N: search.num_samples")
     b.add_argument("--ray-model", default="minilm")
     b.add_argument("--ray-max-length", type=int, default=64)
-    b.add_argument("--ray-steps", type=int, default=40)
-    b.add_argument("--ray-eval-every", type=int, default=20)
+    b.add_argument("--ray-steps", type=int, default=40, help="train.max_steps")
+    b.add_argument("--ray-eval-every", type=int, default=20, help="train.eval_every")
     b.add_argument("--ray-train-examples", type=int, default=640)
     b.add_argument("--ray-eval-examples", type=int, default=200)
-    b.add_argument("--ray-max-concurrent", type=int, default=None, help="default: the tool's")
+    b.add_argument("--ray-max-concurrent", type=int, default=None,
+                   help="search.max_concurrent (default: the tool's, CPUs per trial)")
     b.add_argument("--ray-runners", default="in_process,ray_train",
                    help="comma-separated resources.trial_runner values")
+    b.add_argument("--no-bare-between", dest="bare_between", action="store_false",
+                   help="one bare pass before the Ray runs instead of one around each")
     # hidden: the memory subprocess
     p.add_argument("--_memory-worker", choices=METHODS, help=argparse.SUPPRESS)
     p.add_argument("--_batches", help=argparse.SUPPRESS)
@@ -494,17 +575,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args._memory_worker:
         memory_worker(args)
-        return
+        return 0
     if not args.skip_steps:
         part_a(args)
     if not args.skip_ray:
         print()
-        part_b(args)
+        if not part_b(args):
+            return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

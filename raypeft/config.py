@@ -61,7 +61,8 @@ class TaskConfig(_Strict):
         None, description="files tasks: classification (default) or regression"
     )
     max_train_examples: int | None = Field(None, ge=1, description="cap on training examples")
-    max_eval_examples: int | None = Field(None, ge=1, description="cap on validation/test examples")
+    max_eval_examples: int | None = Field(None, ge=1, description="cap on validation examples")
+    max_test_examples: int | None = Field(None, ge=1, description="cap on test examples")
     split_seed: int = Field(0, description="seed of subsampling and of derived splits")
 
 
@@ -277,7 +278,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif first["type"] == "union_tag_invalid":
-        msg = f"unknown method; expected one of {sorted(METHODS)}"
+        msg = f"unknown method {first['input'].get('name')!r}; expected one of {sorted(METHODS)}"
     got = first.get("input")
     got_text = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
     more = len(err.errors()) - 1
@@ -311,12 +312,15 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
         raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
     data.setdefault("name", path.stem)
     for item in overrides:
-        key, value = parse_override(item)
-        if key.startswith("space."):
-            # space keys are dotted themselves: space.method.lr -> space["method.lr"]
-            data.setdefault("space", {})[key[len("space."):]] = value
-        else:
-            set_dotted(data, key, value)
+        try:
+            key, value = parse_override(item)
+            if key.startswith("space."):
+                # space keys are dotted themselves: space.method.lr -> space["method.lr"]
+                data.setdefault("space", {})[key[len("space."):]] = value
+            else:
+                set_dotted(data, key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
     return validate_experiment(data, str(path))
 
 

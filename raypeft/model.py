@@ -58,10 +58,14 @@ class PromptedModel(nn.Module):
         return {k: v.detach().cpu().contiguous() for k, v in state.items()}
 
     def load_trainable_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        expected = set(self.trainable_state_dict())
-        if set(state) != expected:
-            missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+        expected = {k: v.shape for k, v in self.trainable_state_dict().items()}
+        if set(state) != set(expected):
+            missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
             raise ValueError(f"trainable tensors do not match: missing {missing}, unexpected {extra}")
+        wrong = [f"{k} {tuple(v.shape)} != {tuple(expected[k])}" for k, v in state.items()
+                 if v.shape != expected[k]]
+        if wrong:  # copy_ would broadcast a 1-label head into a 2-label one silently
+            raise ValueError(f"trainable tensor shapes do not match: {', '.join(wrong)}")
         method_state = {k[len("method."):]: v for k, v in state.items() if k.startswith("method.")}
         self.method.load_state_dict(method_state)
         params = dict(self.backbone.named_parameters())

@@ -76,30 +76,35 @@ def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def checkpoint_dir(trial: Trial) -> Path | None:
-    """Local folder of the trial's latest (= best) checkpoint, either runner."""
+def checkpoint_dir(tune_checkpoint, train_checkpoint_path: str | None) -> Path | None:
+    """Local folder of a trial's latest (= best) checkpoint, either runner.
+
+    In-process trials report Tune checkpoints; Ray Train trials report their checkpoint's
+    storage path as the ``checkpoint_path`` metric of the result that carried it.
+    """
     from ray.train import Checkpoint
 
-    checkpoint = trial.checkpoint
-    if checkpoint is None:
-        path = (trial.last_result or {}).get("checkpoint_path")  # Ray Train runner
-        if not path:
-            return None
-        checkpoint = Checkpoint(path)
-    return Path(checkpoint.to_directory())
+    if tune_checkpoint is not None:
+        return Path(tune_checkpoint.to_directory())
+    if train_checkpoint_path:
+        return Path(Checkpoint(train_checkpoint_path).to_directory())
+    return None
 
 
 class MLflowTrialCallback(Callback):
     """Mirror every Tune trial into a nested MLflow run of the experiment's parent run."""
 
     def __init__(self, client: MlflowClient, experiment_id: str, parent_run_id: str,
-                 base: ExperimentConfig, derived_params: callable):
+                 base: ExperimentConfig):
         self.client = client
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
         self.base = base
-        self.derived_params = derived_params
         self.run_ids: dict[str, str] = {}
+        self.train_checkpoints: dict[str, str] = {}  # trial id -> latest Ray Train checkpoint
+
+    def best_checkpoint_dir(self, trial_id: str, tune_checkpoint) -> Path | None:
+        return checkpoint_dir(tune_checkpoint, self.train_checkpoints.get(trial_id))
 
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         if trial.trial_id in self.run_ids:
@@ -121,6 +126,8 @@ class MLflowTrialCallback(Callback):
         log_params(self.client, run.info.run_id, params)
 
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info):
+        if result.get("checkpoint_path"):
+            self.train_checkpoints[trial.trial_id] = result["checkpoint_path"]
         run_id = self.run_ids.get(trial.trial_id)
         if run_id is None:
             return
@@ -133,7 +140,7 @@ class MLflowTrialCallback(Callback):
         run_id = self.run_ids.get(trial.trial_id)
         if run_id is None:
             return
-        folder = checkpoint_dir(trial)
+        folder = self.best_checkpoint_dir(trial.trial_id, trial.checkpoint)
         if folder is not None:
             self.client.log_artifacts(run_id, str(folder), artifact_path="model")
         stopped_early = trial.last_result.get("step", 0) < self.base.train.max_steps

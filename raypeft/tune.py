@@ -24,14 +24,13 @@ from ray.tune.search import ConcurrencyLimiter
 from ray.tune.search.optuna import OptunaSearch
 
 from raypeft.backbones import backbone_dims, load_config
-from raypeft.config import ExperimentConfig
+from raypeft.config import ConfigError, ExperimentConfig
 from raypeft.data import TokenizedTask, prepare_task
 from raypeft.data.metrics import METRIC_MODE
 from raypeft.space import DefineByRun, trial_config
 from raypeft.tracking import (
     DEFAULT_TRACKING_URI,
     MLflowTrialCallback,
-    checkpoint_dir,
     finish_parent_run,
     open_experiment,
     start_parent_run,
@@ -159,6 +158,16 @@ def _trainable(cfg: ExperimentConfig, data_ref: ray.ObjectRef):
     return tune.with_resources(wrapped, {"CPU": res.cpus_per_worker, "GPU": int(res.use_gpu)})
 
 
+class TrialNamer:
+    """Trial names like ``dept_3f2a1_00004`` in Tune's table and folders (picklable)."""
+
+    def __init__(self, method: str):
+        self.method = method
+
+    def __call__(self, trial) -> str:
+        return f"{self.method}_{trial.trial_id}"
+
+
 def _max_concurrent(cfg: ExperimentConfig) -> int:
     if cfg.search.max_concurrent:
         return cfg.search.max_concurrent
@@ -218,6 +227,11 @@ def run_experiment(cfg: ExperimentConfig, *, address: str | None = None, quiet: 
     say(f"Preparing task {task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ...")
     data = prepare_task(cfg.task, cfg.model)
     metric_name = cfg.search.metric or data.spec.primary_metric
+    if metric_name not in (*data.spec.metrics, "loss"):
+        raise ConfigError(
+            f"search.metric: {metric_name!r} is not reported for task {data.spec.name!r}; "
+            f"choose one of {[*data.spec.metrics, 'loss']}"
+        )
     mode = cfg.search.mode or METRIC_MODE.get(metric_name, "max")
     tune_metric = f"best_val_{metric_name}"
     dims = backbone_dims(load_config(cfg.model, data.num_labels, data.spec.problem), cfg.model.max_length)
@@ -228,7 +242,7 @@ def run_experiment(cfg: ExperimentConfig, *, address: str | None = None, quiet: 
     client = MlflowClient(tracking_uri=uri)
     experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
     parent_run_id = start_parent_run(client, experiment_id, cfg, source)
-    tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, None)
+    tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg)
     try:
         init_ray(address)
         data_ref = ray.put(data)  # tokenised once; every trial reads this one copy
@@ -240,6 +254,8 @@ def run_experiment(cfg: ExperimentConfig, *, address: str | None = None, quiet: 
                 scheduler=_scheduler(cfg, tune_metric, mode),
                 num_samples=cfg.search.num_samples,
                 reuse_actors=not use_ray_train(cfg),
+                trial_name_creator=TrialNamer(cfg.method.name),
+                trial_dirname_creator=TrialNamer(cfg.method.name),
             ),
             run_config=tune.RunConfig(
                 name=f"{cfg.name}-{parent_run_id[:8]}",
@@ -259,10 +275,7 @@ def run_experiment(cfg: ExperimentConfig, *, address: str | None = None, quiet: 
         best_params = {k: v for k, v in best.config.items()}
         best_val = {k[len("best_"):]: v for k, v in best.metrics.items()
                     if k.startswith("best_val_") and isinstance(v, (int, float))}
-        folder = Path(best.checkpoint.to_directory()) if best.checkpoint else None
-        if folder is None and best.metrics.get("checkpoint_path"):
-            from ray.train import Checkpoint
-            folder = Path(Checkpoint(best.metrics["checkpoint_path"]).to_directory())
+        folder = tracker.best_checkpoint_dir(best_trial_id, best.checkpoint)
         test = {}
         if folder is not None:
             say("Evaluating the best configuration on the test split ...")

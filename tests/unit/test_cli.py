@@ -1,0 +1,78 @@
+"""The click commands that need no Ray: budget and validate (driven through CliRunner)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from click.testing import CliRunner
+
+from raypeft.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_budget_reproduces_dept_table_for_t5_base():
+    result = invoke("budget", "-l", "100", "-s", "256", "-d", "768", "-m", "20", "-m", "40", "-m", "60", "-m", "80")
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines()[2:]]
+    assert rows == [["20", "60", "76,800", "0"], ["40", "45", "76,800", "0"],
+                    ["60", "30", "76,800", "0"], ["80", "15", "76,800", "0"]]
+    assert "76,800 trainable parameters" in result.output
+
+
+def test_budget_reads_hidden_size_from_model_and_reports_slack():
+    result = invoke("budget", "--model", "minilm", "-s", "64", "-m", "20")
+    assert result.exit_code == 0, result.output
+    # d=384 read from the packaged MiniLM config: r = floor(80*384/448) = 68, 38,400-38,144
+    assert result.output.splitlines()[2].split() == ["20", "68", "38,144", "256"]
+
+
+def test_budget_rejects_m_not_below_l():
+    result = invoke("budget", "-l", "10", "-m", "10")
+    assert result.exit_code == 2
+    assert "every m must be < l=10" in result.output
+
+
+def test_validate_shipped_dept_file():
+    result = invoke("validate", str(REPO / "search_spaces" / "dept.yaml"))
+    assert result.exit_code == 0, result.output
+    assert "joint grid of 12 points" in result.output
+
+
+def test_validate_names_file_and_key_on_error(tmp_path):
+    data = yaml.safe_load((REPO / "search_spaces" / "dept.yaml").read_text())
+    data["train"]["max_stepz"] = 10
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [f"error: {path}: train.max_stepz: unknown key"]
+
+
+def test_validate_rejects_budget_leaving_no_rank(tmp_path):
+    data = yaml.safe_load((REPO / "search_spaces" / "dept.yaml").read_text())
+    # m=99 of l=100 with d=384, s=64: r = floor(1*384/448) = 0
+    data["space"]["method.prompt_length"] = {"choice": [20, 99]}
+    path = tmp_path / "nobudget.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = invoke("validate", str(path))
+    assert result.exit_code == 2
+    line = result.output.strip()
+    assert "method.prompt_length=99" in line and "`r >= 1` must hold" in line and str(path) in line
+
+
+def test_validate_missing_file():
+    result = invoke("validate", "no/such/file.yaml")
+    assert result.exit_code == 2
+    assert "no/such/file.yaml: file not found" in result.output
+
+
+def test_set_override_is_validated(tmp_path):
+    result = invoke("validate", str(REPO / "search_spaces" / "dept.yaml"), "--set", "search.num_samples=zero")
+    assert result.exit_code == 2
+    assert "search.num_samples" in result.output

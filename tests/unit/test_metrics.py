@@ -1,0 +1,63 @@
+"""Metrics from raw head outputs, against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from raypeft.data.metrics import METRIC_MODE, METRICS, compute_metrics
+
+# argmax -> preds [1, 0, 1, 1, 0, 0]; labels [1, 0, 0, 1, 1, 0]: TP=2, TN=2, FP=1, FN=1
+LOGITS = np.array([[0.1, 0.9], [2.0, -1.0], [0.0, 0.5], [-3.0, 3.0], [0.7, 0.6], [1.0, 0.0]])
+LABELS = np.array([1, 0, 0, 1, 1, 0])
+
+
+def test_classification_metrics_by_hand():
+    got = compute_metrics(("accuracy", "f1", "macro_f1", "matthews_correlation"), LOGITS, LABELS)
+    assert list(got) == ["accuracy", "f1", "macro_f1", "matthews_correlation"]
+    assert got["accuracy"] == pytest.approx(4 / 6)
+    assert got["f1"] == pytest.approx(2 * 2 / (2 * 2 + 1 + 1))  # 2TP / (2TP + FP + FN)
+    assert got["macro_f1"] == pytest.approx(2 / 3)  # both classes: 4/6
+    # (TP·TN − FP·FN) / sqrt((TP+FP)(TP+FN)(TN+FP)(TN+FN)) = 3 / 9
+    assert got["matthews_correlation"] == pytest.approx(1 / 3)
+    assert all(isinstance(v, float) for v in got.values())
+
+
+def test_multiclass_accuracy_uses_argmax():
+    logits = np.array([[0.1, 0.2, 0.7], [0.9, 0.05, 0.05], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4]])
+    assert compute_metrics(("accuracy",), logits, np.array([2, 0, 0, 2])) == {"accuracy": 0.75}
+
+
+def test_matthews_perfect_and_inverted():
+    labels = np.array([0, 1, 0, 1])
+    right = np.eye(2)[labels]
+    assert compute_metrics(("matthews_correlation",), right, labels)[
+        "matthews_correlation"
+    ] == pytest.approx(1.0)
+    assert compute_metrics(("matthews_correlation",), right[:, ::-1], labels)[
+        "matthews_correlation"
+    ] == pytest.approx(-1.0)
+
+
+def test_regression_metrics_by_hand():
+    preds = np.array([[1.0], [2.0], [3.0], [4.0]])  # one column: used as the value
+    labels = np.array([2.0, 4.0, 9.0, 5.0])
+    got = compute_metrics(("pearson", "spearmanr"), preds, labels)
+    # deviations p: [-1.5, -0.5, 0.5, 1.5], y: [-3, -1, 4, 0]: cov 7, Σp² 5, Σy² 26
+    assert got["pearson"] == pytest.approx(7 / math.sqrt(5 * 26))
+    # ranks y [1, 2, 4, 3]: Σd² = 2, ρ = 1 − 6·2 / (4·(16−1))
+    assert got["spearmanr"] == pytest.approx(0.8)
+
+
+def test_correlation_of_constant_predictions_is_zero():
+    preds = np.full((5, 1), 0.3)
+    got = compute_metrics(("pearson", "spearmanr"), preds, np.arange(5.0))
+    assert got == {"pearson": 0.0, "spearmanr": 0.0}
+
+
+def test_task_metrics_are_maximised_and_loss_minimised():
+    assert set(METRIC_MODE) == set(METRICS) | {"loss"}
+    assert {METRIC_MODE[name] for name in METRICS} == {"max"}
+    assert METRIC_MODE["loss"] == "min"
