@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers.utils import logging as hf_logging
 from transformers import (
     AutoConfig,
     AutoModelForSequenceClassification,
@@ -22,6 +21,7 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import logging as hf_logging
 
 from raypeft.config import ConfigError, ModelConfig
 from raypeft.methods import BackboneDims
@@ -74,8 +74,11 @@ def load_config(cfg: ModelConfig, num_labels: int, problem: str) -> PretrainedCo
         spec = dict(TINY_CONFIGS[cfg.name])
         vocab = len(load_tokenizer(cfg.name))
         return AutoConfig.for_model(
-            spec.pop("model_type"), vocab_size=vocab, num_labels=num_labels,
-            problem_type=problem_type, **spec,
+            spec.pop("model_type"),
+            vocab_size=vocab,
+            num_labels=num_labels,
+            problem_type=problem_type,
+            **spec,
         )
     source = resolve_source(cfg.name)
     try:
@@ -121,7 +124,9 @@ def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0
         new_keys: set[str] = set()
     else:
         model, info = AutoModelForSequenceClassification.from_pretrained(
-            resolve_source(cfg.name), config=config, revision=cfg.revision,
+            resolve_source(cfg.name),
+            config=config,
+            revision=cfg.revision,
             output_loading_info=True,
         )
         new_keys = set(info.get("missing_keys", []))

@@ -47,7 +47,9 @@ class ModelConfig(_Strict):
 class TaskConfig(_Strict):
     """The labelled task. ``name`` is a registered task; local files go in ``files``."""
 
-    name: str = Field("tweet_sentiment", description="registered task, e.g. tweet_sentiment, glue/rte")
+    name: str = Field(
+        "tweet_sentiment", description="registered task, e.g. tweet_sentiment, glue/rte"
+    )
     data_dir: Path | None = Field(
         None, description="folder with train/validation[/test].jsonl instead of the Hub"
     )
@@ -80,7 +82,9 @@ class TrainConfig(_Strict):
     adam_betas: tuple[float, float] = (0.9, 0.98)
     max_grad_norm: float | None = Field(1.0, gt=0)
     seed: int = 42
-    num_threads: int | None = Field(None, ge=1, description="torch threads per worker (default: its CPUs)")
+    num_threads: int | None = Field(
+        None, ge=1, description="torch threads per worker (default: its CPUs)"
+    )
 
 
 class GridParam(_Strict):
@@ -122,13 +126,11 @@ def _space_kind(entry: Any) -> str | None:
 
 
 SpaceParam = Annotated[
-    Union[
-        Annotated[GridParam, Tag("grid")],
-        Annotated[ChoiceParam, Tag("choice")],
-        Annotated[UniformParam, Tag("uniform")],
-        Annotated[LogUniformParam, Tag("loguniform")],
-        Annotated[IntParam, Tag("int")],
-    ],
+    Annotated[GridParam, Tag("grid")]
+    | Annotated[ChoiceParam, Tag("choice")]
+    | Annotated[UniformParam, Tag("uniform")]
+    | Annotated[LogUniformParam, Tag("loguniform")]
+    | Annotated[IntParam, Tag("int")],
     Discriminator(_space_kind),
 ]
 
@@ -171,9 +173,9 @@ class RunConfig(_Strict):
     storage_path: str | None = Field(None, description="Ray results (default: ./ray_results)")
 
 
-MethodConfigUnion = Annotated[
-    Union[tuple(cls.config_cls for cls in METHODS.values())], Field(discriminator="name")
-]
+# Built from the registry: a registered method's config is accepted under its `name`.
+_METHOD_CONFIGS = tuple(cls.config_cls for cls in METHODS.values())
+MethodConfigUnion = Annotated[Union[_METHOD_CONFIGS], Field(discriminator="name")]  # noqa: UP007
 
 
 class ExperimentConfig(_Strict):
@@ -222,7 +224,7 @@ class ExperimentConfig(_Strict):
         """Every combination of the ``grid`` keys (the joint grid), in file order."""
         keys = self.grid_keys()
         values = [self.space[k].grid for k in keys]
-        return [dict(zip(keys, combo)) for combo in itertools.product(*values)]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -280,7 +282,11 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     elif first["type"] == "union_tag_invalid":
         msg = f"unknown method {first['input'].get('name')!r}; expected one of {sorted(METHODS)}"
     got = first.get("input")
-    got_text = "" if first["type"] in ("missing", "extra_forbidden") or isinstance(got, dict) else f" (got {got!r})"
+    got_text = (
+        ""
+        if first["type"] in ("missing", "extra_forbidden") or isinstance(got, dict)
+        else f" (got {got!r})"
+    )
     more = len(err.errors()) - 1
     tail = f" [+{more} more]" if more else ""
     return f"{source}: {loc or '<top>'}: {msg}{got_text}{tail}"
@@ -309,14 +315,16 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of keys, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of keys, got {type(data).__name__}"
+        )
     data.setdefault("name", path.stem)
     for item in overrides:
         try:
             key, value = parse_override(item)
             if key.startswith("space."):
                 # space keys are dotted themselves: space.method.lr -> space["method.lr"]
-                data.setdefault("space", {})[key[len("space."):]] = value
+                data.setdefault("space", {})[key[len("space.") :]] = value
             else:
                 set_dotted(data, key, value)
         except ConfigError as exc:
@@ -340,9 +348,13 @@ def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
     known = flatten(base)
     for key, param in cfg.space.items():
         if key.startswith(("space", "search", "tracking", "run", "resources", "name")):
-            raise ConfigError(f"{source}: space.{key}: only model/task/method/train keys can be searched")
+            raise ConfigError(
+                f"{source}: space.{key}: only model/task/method/train keys can be searched"
+            )
         if key not in known and not _is_method_field(cfg, key):
-            raise ConfigError(f"{source}: space.{key}: unknown key; it must name a config field such as method.lr")
+            raise ConfigError(
+                f"{source}: space.{key}: unknown key; it must name a config field such as method.lr"
+            )
         for value in _candidate_values(param):
             trial = dict(base)
             trial = _with_override(base, key, value)

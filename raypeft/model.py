@@ -24,9 +24,7 @@ class PromptedModel(nn.Module):
         self.method: PromptMethod = build_method(
             method_config.resolve(backbone.dims), backbone.dims, backbone.word_embeddings
         )
-        self._head_names = {
-            name for name, p in self.backbone.named_parameters() if p.requires_grad
-        }
+        self._head_names = {name for name, p in self.backbone.named_parameters() if p.requires_grad}
 
     def forward(self, input_ids, attention_mask, token_type_ids=None) -> torch.Tensor:
         embed = self.backbone.get_input_embeddings()
@@ -61,18 +59,23 @@ class PromptedModel(nn.Module):
         expected = {k: v.shape for k, v in self.trainable_state_dict().items()}
         if set(state) != set(expected):
             missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-            raise ValueError(f"trainable tensors do not match: missing {missing}, unexpected {extra}")
-        wrong = [f"{k} {tuple(v.shape)} != {tuple(expected[k])}" for k, v in state.items()
-                 if v.shape != expected[k]]
+            raise ValueError(
+                f"trainable tensors do not match: missing {missing}, unexpected {extra}"
+            )
+        wrong = [
+            f"{k} {tuple(v.shape)} != {tuple(expected[k])}"
+            for k, v in state.items()
+            if v.shape != expected[k]
+        ]
         if wrong:  # copy_ would broadcast a 1-label head into a 2-label one silently
             raise ValueError(f"trainable tensor shapes do not match: {', '.join(wrong)}")
-        method_state = {k[len("method."):]: v for k, v in state.items() if k.startswith("method.")}
+        method_state = {k[len("method.") :]: v for k, v in state.items() if k.startswith("method.")}
         self.method.load_state_dict(method_state)
         params = dict(self.backbone.named_parameters())
         with torch.no_grad():
             for key, value in state.items():
                 if key.startswith("head."):
-                    params[key[len("head."):]].copy_(value)
+                    params[key[len("head.") :]].copy_(value)
 
     def save_trainable(self, folder: Path) -> Path:
         path = Path(folder) / TRAINABLE_FILE

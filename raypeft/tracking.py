@@ -15,7 +15,7 @@ from typing import Any
 import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
-from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NAME
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
@@ -49,12 +49,18 @@ def _param_text(value: Any) -> str:
     return text[:6000]  # MLflow's param value limit
 
 
-def start_parent_run(client: MlflowClient, experiment_id: str, cfg: ExperimentConfig, source: str) -> str:
+def start_parent_run(
+    client: MlflowClient, experiment_id: str, cfg: ExperimentConfig, source: str
+) -> str:
     """Create the experiment's parent run with the whole experiment file as params."""
     run = client.create_run(
         experiment_id,
         run_name=cfg.name,
-        tags={ROLE_TAG: "experiment", "raypeft.space_file": source, "raypeft.method": cfg.method.name},
+        tags={
+            ROLE_TAG: "experiment",
+            "raypeft.space_file": source,
+            "raypeft.method": cfg.method.name,
+        },
     )
     params = flatten(cfg.model_dump(mode="json", exclude={"space"}))
     params.update({f"space.{k}": v.model_dump() for k, v in cfg.space.items()})
@@ -94,8 +100,9 @@ def checkpoint_dir(tune_checkpoint, train_checkpoint_path: str | None) -> Path |
 class MLflowTrialCallback(Callback):
     """Mirror every Tune trial into a nested MLflow run of the experiment's parent run."""
 
-    def __init__(self, client: MlflowClient, experiment_id: str, parent_run_id: str,
-                 base: ExperimentConfig):
+    def __init__(
+        self, client: MlflowClient, experiment_id: str, parent_run_id: str, base: ExperimentConfig
+    ):
         self.client = client
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
@@ -125,7 +132,9 @@ class MLflowTrialCallback(Callback):
         params.update({k: v for k, v in trial.config.items()})  # sampled + derived.*
         log_params(self.client, run.info.run_id, params)
 
-    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info):
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info
+    ):
         if result.get("checkpoint_path"):
             self.train_checkpoints[trial.trial_id] = result["checkpoint_path"]
         run_id = self.run_ids.get(trial.trial_id)
@@ -167,14 +176,17 @@ def _error_summary(trial: Trial) -> str:
     return lines[-1][:5000] if lines else ""
 
 
-def finish_parent_run(client: MlflowClient, run_id: str, summary: dict[str, Any],
-                      best_folder: Path | None) -> None:
+def finish_parent_run(
+    client: MlflowClient, run_id: str, summary: dict[str, Any], best_folder: Path | None
+) -> None:
     """Best configuration, its validation/test metrics and artefacts on the parent run."""
     client.log_batch(
         run_id,
         metrics=[Metric(k, float(v), 0, 0) for k, v in summary["metrics"].items()],
-        tags=[RunTag("raypeft.best_trial_id", summary["trial_id"]),
-              RunTag("raypeft.best_run_id", summary.get("run_id") or "")],
+        tags=[
+            RunTag("raypeft.best_trial_id", summary["trial_id"]),
+            RunTag("raypeft.best_run_id", summary.get("run_id") or ""),
+        ],
     )
     log_params(client, run_id, {f"best.{k}": v for k, v in summary["config"].items()})
     if best_folder is not None:

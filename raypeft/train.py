@@ -49,7 +49,9 @@ def build_optimizer(model: PromptedModel, cfg: ExperimentConfig) -> torch.optim.
         if params
     ]
     return torch.optim.AdamW(
-        groups, betas=cfg.train.adam_betas, eps=cfg.train.adam_eps,
+        groups,
+        betas=cfg.train.adam_betas,
+        eps=cfg.train.adam_eps,
         weight_decay=cfg.train.weight_decay,
     )
 
@@ -62,7 +64,7 @@ def _tensors(arrays: dict[str, np.ndarray]) -> TensorDataset:
 def _batch_kwargs(batch: list[torch.Tensor], device: torch.device) -> tuple[dict, torch.Tensor]:
     *inputs, labels = (t.to(device) for t in batch)
     names = ["input_ids", "attention_mask", "token_type_ids"][: len(inputs)]
-    return dict(zip(names, inputs)), labels
+    return dict(zip(names, inputs, strict=True)), labels
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -72,8 +74,13 @@ def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, arrays: dict[str, np.ndarray], metric_names: tuple[str, ...],
-             batch_size: int, device: torch.device) -> dict[str, float]:
+def evaluate(
+    model: torch.nn.Module,
+    arrays: dict[str, np.ndarray],
+    metric_names: tuple[str, ...],
+    batch_size: int,
+    device: torch.device,
+) -> dict[str, float]:
     """Metrics of the current weights on one split, plus its loss and samples/s."""
     was_training = model.training
     model.eval()
@@ -125,10 +132,20 @@ def train(
     sign = 1 if (cfg.search.mode or METRIC_MODE.get(metric, "max")) == "max" else -1
     train_set = _tensors(task.splits["train"])
     per_worker = max(1, cfg.train.batch_size // world_size)  # global batch split over workers
-    sampler = DistributedSampler(train_set, world_size, rank, seed=cfg.train.seed) if world_size > 1 else None
+    sampler = (
+        DistributedSampler(train_set, world_size, rank, seed=cfg.train.seed)
+        if world_size > 1
+        else None
+    )
     generator = torch.Generator().manual_seed(cfg.train.seed)
-    loader = DataLoader(train_set, batch_size=per_worker, sampler=sampler,
-                        shuffle=sampler is None, generator=generator, drop_last=True)
+    loader = DataLoader(
+        train_set,
+        batch_size=per_worker,
+        sampler=sampler,
+        shuffle=sampler is None,
+        generator=generator,
+        drop_last=True,
+    )
     if len(loader) == 0:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} exceeds the training set")
 
@@ -154,11 +171,20 @@ def train(
             step, seen = step + 1, seen + len(labels) * world_size
             loss_window.append(loss.item())
             if step % cfg.train.eval_every == 0 or step == steps:
-                val = evaluate(model, task.splits["validation"], task.spec.metrics,
-                               cfg.train.eval_batch_size, device)
+                val = evaluate(
+                    model,
+                    task.splits["validation"],
+                    task.spec.metrics,
+                    cfg.train.eval_batch_size,
+                    device,
+                )
                 metrics = {f"val_{k}": v for k, v in val.items()}
-                metrics.update(step=step, epoch=epoch, train_loss=float(np.mean(loss_window)),
-                               train_samples_per_s=seen / train_time)
+                metrics.update(
+                    step=step,
+                    epoch=epoch,
+                    train_loss=float(np.mean(loss_window)),
+                    train_samples_per_s=seen / train_time,
+                )
                 loss_window = []
                 improved = not best or sign * val[metric] > sign * best[f"val_{metric}"]
                 if improved:
@@ -180,7 +206,9 @@ def save_checkpoint(model: PromptedModel, cfg: ExperimentConfig, folder: Path) -
     """Trainable tensors (safetensors) and the resolved config (YAML) - no pickles."""
     model.save_trainable(folder)
     resolved = cfg.model_copy(update={"method": cfg.method.resolve(model.dims)})
-    (folder / CONFIG_FILE).write_text(yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False))
+    (folder / CONFIG_FILE).write_text(
+        yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False)
+    )
 
 
 def load_checkpoint(folder: Path, task: TokenizedTask) -> tuple[ExperimentConfig, PromptedModel]:

@@ -90,7 +90,12 @@ def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: i
     context = tune.get_context()
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"base": base, "params": config, "data_ref": data_ref, "threads": threads},
+        train_loop_config={
+            "base": base,
+            "params": config,
+            "data_ref": data_ref,
+            "threads": threads,
+        },
         scaling_config=ScalingConfig(
             num_workers=res.workers_per_trial,
             use_gpu=res.use_gpu,
@@ -122,7 +127,9 @@ def _train_worker(loop_config: dict) -> None:
         ray.train.report(metrics, checkpoint=checkpoint)
 
     train(
-        cfg, task, report,
+        cfg,
+        task,
+        report,
         device=ray.train.torch.get_device(),
         wrap_model=ray.train.torch.prepare_model if world > 1 else None,
         rank=context.get_world_rank(),
@@ -139,8 +146,11 @@ def use_ray_train(cfg: ExperimentConfig) -> bool:
 
 
 def _storage_path(cfg: ExperimentConfig) -> str:
-    return str(Path(cfg.run.storage_path or "~/ray_results").expanduser().resolve()) \
-        if "://" not in (cfg.run.storage_path or "") else cfg.run.storage_path
+    return (
+        str(Path(cfg.run.storage_path or "~/ray_results").expanduser().resolve())
+        if "://" not in (cfg.run.storage_path or "")
+        else cfg.run.storage_path
+    )
 
 
 # ----------------------------------------------------------------------------- search
@@ -201,8 +211,12 @@ def _scheduler(cfg: ExperimentConfig, metric: str, mode: str):
     # one Tune iteration = one evaluation (every train.eval_every steps)
     max_t = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
     return ASHAScheduler(
-        time_attr="training_iteration", metric=metric, mode=mode, max_t=max_t,
-        grace_period=min(sched.grace_period, max_t), reduction_factor=sched.reduction_factor,
+        time_attr="training_iteration",
+        metric=metric,
+        mode=mode,
+        max_t=max_t,
+        grace_period=min(sched.grace_period, max_t),
+        reduction_factor=sched.reduction_factor,
     )
 
 
@@ -217,8 +231,14 @@ def init_ray(address: str | None) -> None:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
 
 
-def run_experiment(cfg: ExperimentConfig, *, address: str | None = None, quiet: bool = False,
-                   source: str = "<memory>", printer=print) -> SearchSummary:
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    address: str | None = None,
+    quiet: bool = False,
+    source: str = "<memory>",
+    printer=print,
+) -> SearchSummary:
     """Run the whole search described by ``cfg`` and return its summary."""
     start = time.time()
     say = (lambda *_: None) if quiet else printer
@@ -234,9 +254,14 @@ def run_experiment(cfg: ExperimentConfig, *, address: str | None = None, quiet: 
         )
     mode = cfg.search.mode or METRIC_MODE.get(metric_name, "max")
     tune_metric = f"best_val_{metric_name}"
-    dims = backbone_dims(load_config(cfg.model, data.num_labels, data.spec.problem), cfg.model.max_length)
-    say(f"  train/validation/test: {data.size('train')}/{data.size('validation')}/{data.size('test')}"
-        f" examples, {data.num_labels} labels, metric {metric_name} ({mode})")
+    dims = backbone_dims(
+        load_config(cfg.model, data.num_labels, data.spec.problem), cfg.model.max_length
+    )
+    sizes = "/".join(str(data.size(split)) for split in ("train", "validation", "test"))
+    say(
+        f"  train/validation/test: {sizes}"
+        f" examples, {data.num_labels} labels, metric {metric_name} ({mode})"
+    )
 
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     client = MlflowClient(tracking_uri=uri)
@@ -273,30 +298,56 @@ def run_experiment(cfg: ExperimentConfig, *, address: str | None = None, quiet: 
             raise RuntimeError(f"no trial reported {tune_metric}; {errors} trial(s) failed")
         best_trial_id = best.metrics["trial_id"]
         best_params = {k: v for k, v in best.config.items()}
-        best_val = {k[len("best_"):]: v for k, v in best.metrics.items()
-                    if k.startswith("best_val_") and isinstance(v, (int, float))}
+        best_val = {
+            k[len("best_") :]: v
+            for k, v in best.metrics.items()
+            if k.startswith("best_val_") and isinstance(v, (int, float))
+        }
         folder = tracker.best_checkpoint_dir(best_trial_id, best.checkpoint)
         test = {}
         if folder is not None:
             say("Evaluating the best configuration on the test split ...")
             torch.set_num_threads(os.cpu_count() or 1)
             _, model = load_checkpoint(folder, data)
-            scores = evaluate(model, data.splits["test"], data.spec.metrics,
-                              cfg.train.eval_batch_size, torch.device("cpu"))
+            scores = evaluate(
+                model,
+                data.splits["test"],
+                data.spec.metrics,
+                cfg.train.eval_batch_size,
+                torch.device("cpu"),
+            )
             test = {f"test_{k}": v for k, v in scores.items()}
         summary = SearchSummary(
-            experiment=cfg.tracking.experiment or cfg.name, tracking_uri=uri,
-            experiment_id=experiment_id, parent_run_id=parent_run_id,
-            best_trial_id=best_trial_id, best_run_id=tracker.run_ids.get(best_trial_id),
-            best_params=best_params, metric=metric_name, best_validation=best_val, test=test,
-            num_trials=len(results), num_errors=errors, storage_path=str(Path(storage) / f"{cfg.name}-{parent_run_id[:8]}"),
-            wall_s=time.time() - start, trial_run_ids=dict(tracker.run_ids),
+            experiment=cfg.tracking.experiment or cfg.name,
+            tracking_uri=uri,
+            experiment_id=experiment_id,
+            parent_run_id=parent_run_id,
+            best_trial_id=best_trial_id,
+            best_run_id=tracker.run_ids.get(best_trial_id),
+            best_params=best_params,
+            metric=metric_name,
+            best_validation=best_val,
+            test=test,
+            num_trials=len(results),
+            num_errors=errors,
+            storage_path=str(Path(storage) / f"{cfg.name}-{parent_run_id[:8]}"),
+            wall_s=time.time() - start,
+            trial_run_ids=dict(tracker.run_ids),
         )
         finish_parent_run(
-            client, parent_run_id,
-            {"trial_id": best_trial_id, "run_id": summary.best_run_id, "config": best_params,
-             "metrics": {**{f"best_{k}": v for k, v in best_val.items()}, **test,
-                         "num_trials": summary.num_trials, "num_failed_trials": errors}},
+            client,
+            parent_run_id,
+            {
+                "trial_id": best_trial_id,
+                "run_id": summary.best_run_id,
+                "config": best_params,
+                "metrics": {
+                    **{f"best_{k}": v for k, v in best_val.items()},
+                    **test,
+                    "num_trials": summary.num_trials,
+                    "num_failed_trials": errors,
+                },
+            },
             folder,
         )
         return summary

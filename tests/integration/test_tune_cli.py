@@ -46,11 +46,17 @@ def tiny_experiment(tmp_path: Path, **sections) -> Path:
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               MLFLOW_DISABLE_TELEMETRY="true", HF_HUB_OFFLINE="1")
+    env = dict(
+        os.environ,
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        HF_HUB_OFFLINE="1",
+    )
     env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run([RAYPEFT, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [RAYPEFT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def children(client: MlflowClient, experiment_id: str, parent_id: str):
@@ -88,8 +94,13 @@ def check_search_logged(tmp_path: Path, expected_trials: int) -> tuple[MlflowCli
     best_id = parent.data.tags["raypeft.best_run_id"]
     local = client.download_artifacts(best_id, "model", str(tmp_path / "download"))
     tensors = load_file(str(Path(local) / "trainable.safetensors"))
-    assert set(tensors) == {"method.prompt", "method.lora_a", "method.lora_b",
-                            "head.classifier.weight", "head.classifier.bias"}
+    assert set(tensors) == {
+        "method.prompt",
+        "method.lora_a",
+        "method.lora_b",
+        "head.classifier.weight",
+        "head.classifier.bias",
+    }
     resolved = yaml.safe_load((Path(local) / "config.yaml").read_text())
     assert resolved["method"]["rank"] == tensors["method.lora_a"].shape[1]
     return client, parent, kids

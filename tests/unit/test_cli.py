@@ -17,11 +17,31 @@ def invoke(*args: str):
 
 
 def test_budget_reproduces_dept_table_for_t5_base():
-    result = invoke("budget", "-l", "100", "-s", "256", "-d", "768", "-m", "20", "-m", "40", "-m", "60", "-m", "80")
+    result = invoke(
+        "budget",
+        "-l",
+        "100",
+        "-s",
+        "256",
+        "-d",
+        "768",
+        "-m",
+        "20",
+        "-m",
+        "40",
+        "-m",
+        "60",
+        "-m",
+        "80",
+    )
     assert result.exit_code == 0, result.output
     rows = [line.split() for line in result.output.splitlines()[2:]]
-    assert rows == [["20", "60", "76,800", "0"], ["40", "45", "76,800", "0"],
-                    ["60", "30", "76,800", "0"], ["80", "15", "76,800", "0"]]
+    assert rows == [
+        ["20", "60", "76,800", "0"],
+        ["40", "45", "76,800", "0"],
+        ["60", "30", "76,800", "0"],
+        ["80", "15", "76,800", "0"],
+    ]
     assert "76,800 trainable parameters" in result.output
 
 
@@ -73,6 +93,8 @@ def test_validate_missing_file():
 
 
 def test_set_override_is_validated(tmp_path):
-    result = invoke("validate", str(REPO / "search_spaces" / "dept.yaml"), "--set", "search.num_samples=zero")
+    result = invoke(
+        "validate", str(REPO / "search_spaces" / "dept.yaml"), "--set", "search.num_samples=zero"
+    )
     assert result.exit_code == 2
     assert "search.num_samples" in result.output
