@@ -81,6 +81,8 @@ def load_config(cfg: ModelConfig, num_labels: int, problem: str) -> PretrainedCo
             **spec,
         )
     source = resolve_source(cfg.name)
+    if source.startswith(("/", "./", "../", "~")) and not Path(source).expanduser().is_dir():
+        raise ConfigError(f"model.name: {cfg.name}: no such folder")
     try:
         return AutoConfig.from_pretrained(
             source, revision=cfg.revision, num_labels=num_labels, problem_type=problem_type

@@ -31,7 +31,16 @@ def _quiet_libraries() -> None:
 
 
 def _check_resolvable(cfg: ExperimentConfig, source: str) -> None:
-    """Checks that need the model's config: every DePT rank in the space must be >= 1."""
+    """Checks beyond the schema, all prefixed with the file's name."""
+    try:
+        _check_task_and_model(cfg, source)
+    except ConfigError as exc:
+        text = str(exc)
+        raise ConfigError(text if text.startswith(f"{source}: ") else f"{source}: {text}") from None
+
+
+def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
+    """The task and model exist, the metric is the task's, every DePT rank is >= 1."""
     import itertools
 
     from raypeft.backbones import backbone_dims, load_config
@@ -39,6 +48,12 @@ def _check_resolvable(cfg: ExperimentConfig, source: str) -> None:
     from raypeft.data.tasks import resolve_task_spec
 
     spec = resolve_task_spec(cfg.task)
+    metric = cfg.search.metric
+    if metric is not None and metric not in (*spec.metrics, "loss"):
+        raise ConfigError(
+            f"search.metric: {metric!r} is not reported for task {spec.name!r}; "
+            f"choose one of {[*spec.metrics, 'loss']}"
+        )
     dims = backbone_dims(
         load_config(cfg.model, spec.num_labels or 2, spec.problem), cfg.model.max_length
     )

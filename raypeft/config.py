@@ -86,6 +86,15 @@ class TrainConfig(_Strict):
         None, ge=1, description="torch threads per worker (default: its CPUs)"
     )
 
+    @model_validator(mode="after")
+    def _eval_every_fits(self) -> TrainConfig:
+        if self.eval_every > self.max_steps:
+            raise ValueError(
+                "`eval_every <= max_steps` must hold, but got "
+                f"(eval_every={self.eval_every}, max_steps={self.max_steps})"
+            )
+        return self
+
 
 class GridParam(_Strict):
     grid: list[Any] = Field(min_length=1, description="joint grid: every combination is run")
@@ -208,15 +217,6 @@ class ExperimentConfig(_Strict):
                 )
         return space
 
-    @model_validator(mode="after")
-    def _eval_every_fits(self) -> ExperimentConfig:
-        if self.train.eval_every > self.train.max_steps:
-            raise ValueError(
-                "`train.eval_every <= train.max_steps` must hold, but got "
-                f"(eval_every={self.train.eval_every}, max_steps={self.train.max_steps})"
-            )
-        return self
-
     def grid_keys(self) -> list[str]:
         return [k for k, p in self.space.items() if isinstance(p, GridParam)]
 
@@ -276,7 +276,7 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     parts = [str(p) for p in first["loc"] if not _is_union_tag(p)]
     # a space entry's tag repeats its key (space.x.grid.grid): keep one
     loc = ".".join(p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1])
-    msg = first["msg"]
+    msg = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif first["type"] == "union_tag_invalid":

@@ -152,7 +152,9 @@ def test_eval_every_above_max_steps(tmp_path):
     msg = config_error(path)
     assert str(path) in msg
     assert (
-        "eval_every <= train.max_steps" in msg and "eval_every=10" in msg and "max_steps=5" in msg
+        "train: `eval_every <= max_steps` must hold" in msg
+        and "eval_every=10" in msg
+        and "max_steps=5" in msg
     )
 
 
@@ -335,7 +337,7 @@ def test_space_value_makes_dept_impossible(tmp_path):
 def test_space_value_invalid_for_field(tmp_path):
     data = with_(BASE, space={"train.max_steps": {"int": [5, 100]}})
     msg = config_error(write(tmp_path, data))
-    assert "eval_every <= train.max_steps" in msg and "[from space.train.max_steps=5]" in msg
+    assert "train: `eval_every <= max_steps`" in msg and "[from space.train.max_steps=5]" in msg
     data = with_(BASE, space={"method.lr_lowrank": {"uniform": [-1.0, 0.1]}})
     msg = config_error(write(tmp_path, data))
     assert "method.lr_lowrank" in msg and "[from space.method.lr_lowrank=-1.0]" in msg
