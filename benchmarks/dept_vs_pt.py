@@ -44,10 +44,12 @@ after another (the "bare loop"), and through ``raypeft.tune.run_experiment`` (Ra
 + MLflow; ``search.num_samples=N``, ``search.scheduler.type=none``), once with
 ``resources.trial_runner=in_process`` and once with ``ray_train``. The searched key is
 ``method.lr`` (a choice of 0.1/0.3), which does not change the work. Bare passes and Ray runs
-alternate (bare, in_process, bare, ray_train, bare) and the bare reference is tokenisation +
-N x the median bare trial. Each Ray run starts and shuts down its own local Ray, as one
-``raypeft tune`` invocation would, so its wall time includes ``ray.init``, MLflow's sqlite
-setup, tokenisation, and the final test-split evaluation of the best trial. Reported: total
+alternate (bare, in_process, bare, ray_train, bare); each search is compared with the mean
+of the two bare passes (tokenisation + N trials) run right before and after it, since the load
+of a shared machine drifts over minutes (the 1-minute load average is printed with each
+phase). Each Ray run starts and shuts down its own local Ray, as one ``raypeft tune`` would,
+so its wall time includes ``ray.init``, MLflow's sqlite setup, tokenisation, and the final
+test-split evaluation of the best trial. Reported: total
 wall time of the search against the bare reference, the ratio, and the overhead per trial in
 seconds. MLflow writes to a sqlite file (its artifacts to ./mlruns, so the searches run with
 the temp dir as working directory) and Ray to a storage path, all in a temp dir, so nothing
@@ -235,6 +237,14 @@ class PeakMeter:
         return maxrss if sys.platform == "darwin" else maxrss * 1024
 
 
+def load_note() -> str:
+    """The 1-minute load average: how contended the machine was (2 cores here)."""
+    try:
+        return f" [load {os.getloadavg()[0]:.1f}]"
+    except OSError:
+        return ""
+
+
 def median_ratio(num: list[float], den: list[float]) -> float:
     return statistics.median(a / b for a, b in zip(num, den, strict=True))
 
@@ -314,7 +324,7 @@ def part_a(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     print(f"== Part A: PT l={args.pt_length} vs DePT m={args.dept_length} (same budget), "
           f"model={args.model}, s={args.max_length}, batch={args.batch_size}, "
-          f"threads={args.threads}, data={args.data}", flush=True)
+          f"threads={args.threads}, data={args.data}{load_note()}", flush=True)
     t0 = time.perf_counter()
     arrays, num_labels = make_batches(args)
     batches = torch_batches(arrays)
@@ -348,7 +358,8 @@ def part_a(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             train_step(model, opt, batch, cfg.train.max_grad_norm)
             step_times[name].append(time.perf_counter() - start)
-    print(f"  training steps done ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+    print(f"  training steps done ({time.perf_counter() - t0:.0f} s so far){load_note()}",
+          flush=True)
 
     # -- 2. inference, alternating batch by batch
     infer_times = {name: [] for name in METHODS}
@@ -363,7 +374,7 @@ def part_a(args: argparse.Namespace) -> None:
                 start = time.perf_counter()
                 built[name][1](**inputs)
                 infer_times[name].append(time.perf_counter() - start)
-    print(f"  inference done ({time.perf_counter() - t0:.0f} s so far)", flush=True)
+    print(f"  inference done ({time.perf_counter() - t0:.0f} s so far){load_note()}", flush=True)
     del built
 
     # -- 3. memory: one fresh subprocess per method and repeat, alternating
@@ -476,7 +487,7 @@ def part_b(args: argparse.Namespace) -> bool:
           f"runners {runners}; bare loop with {args.threads} threads", flush=True)
     t0 = time.perf_counter()
     bare: list[float] = []
-    preps: list[float] = []
+    passes: list[float] = []  # total of each bare pass: tokenise + N trials
     results: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="raypeft_bench_") as tmpdir:
         tmp = Path(tmpdir)
@@ -486,7 +497,7 @@ def part_b(args: argparse.Namespace) -> bool:
             torch.set_num_threads(args.threads)
             start = time.perf_counter()
             task = prepare_task(base.task, base.model)
-            preps.append(time.perf_counter() - start)
+            prep = time.perf_counter() - start
             times = []
             for i in range(n):
                 cfg = apply_trial_params(base, {"method.lr": [0.1, 0.3][i % 2]})
@@ -494,8 +505,10 @@ def part_b(args: argparse.Namespace) -> bool:
                 train(cfg, task, report=lambda m, c: None)
                 times.append(time.perf_counter() - start)
             bare.extend(times)
-            print(f"  bare pass: tokenise {preps[-1]:.1f} s, trials "
-                  + " ".join(f"{t:.1f}" for t in times) + " s", flush=True)
+            passes.append(prep + sum(times))
+            print(f"  bare pass: tokenise {prep:.1f} s, trials "
+                  + " ".join(f"{t:.1f}" for t in times) + f" s; total {passes[-1]:.1f} s"
+                  + load_note(), flush=True)
 
         bare_pass()
         for runner in runners:
@@ -512,18 +525,22 @@ def part_b(args: argparse.Namespace) -> bool:
             results[runner] = time.perf_counter() - start
             print(f"  ray {runner}: {results[runner]:.1f} s wall (summary.wall_s "
                   f"{summary.wall_s:.1f}); trials {summary.num_trials}, errors "
-                  f"{summary.num_errors}, best {summary.best_validation}", flush=True)
+                  f"{summary.num_errors}{load_note()}", flush=True)
             if args.bare_between:
                 bare_pass()
-    bare_total = statistics.median(preps) + n * statistics.median(bare)
     print()
     header = ("trial runner", "N", "bare loop (s)", "through Ray (s)", "ratio Ray/bare",
               "overhead per trial (s)")
-    rows = [(r, str(n), f"{bare_total:.1f}", f"{t:.1f}", f"{t / bare_total:.2f}",
-             f"{(t - bare_total) / n:+.1f}") for r, t in results.items()]
+    rows = []
+    for i, (runner, t) in enumerate(results.items()):
+        # the bare passes run right before and after this search (noise drifts over minutes)
+        near = passes[i:i + 2] if args.bare_between else passes
+        ref = statistics.mean(near)
+        rows.append((runner, str(n), f"{ref:.1f}", f"{t:.1f}", f"{t / ref:.2f}",
+                     f"{(t - ref) / n:+.1f}"))
     print_table(header, rows)
-    print(f"(bare loop = median tokenisation {statistics.median(preps):.1f} s + {n} x median "
-          f"bare trial {statistics.median(bare):.1f} s over {len(bare)} bare trials; "
+    print(f"(bare loop = mean of the bare passes run just before and after that search; "
+          f"median bare trial {statistics.median(bare):.1f} s over {len(bare)}; "
           f"Part B took {time.perf_counter() - t0:.0f} s)", flush=True)
     return True
 

@@ -112,7 +112,9 @@ def test_tune_in_process_trials_logged_to_mlflow(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Best trial" in proc.stdout and "test:" in proc.stdout
     assert "sqlite:///mlflow.db" in proc.stdout  # MLflow's default store, in the cwd
-    check_search_logged(tmp_path, expected_trials=3)
+    _, _, kids = check_search_logged(tmp_path, expected_trials=3)
+    # the joint grid (2 × 1 points) is run first, whole; Optuna samples the third trial
+    assert {float(k.data.params["method.lr_prompt"]) for k in kids} == {0.3, 0.5}
 
 
 def test_tune_with_ray_train_workers(tmp_path):
