@@ -138,8 +138,10 @@ def _print_summary(s) -> None:
     test = ", ".join(
         f"{k[len('test_') :]} {v:.4f}"
         for k, v in s.test.items()
-        if not k.endswith(("loss", "samples_per_s"))
+        if not k.endswith(("loss", "samples_per_s", "majority_class_accuracy"))
     )
+    if "test_majority_class_accuracy" in s.test:
+        test += f" (majority-class accuracy {s.test['test_majority_class_accuracy']:.4f})"
     click.echo(f"  validation: {val}")
     click.echo(f"  test:       {test or 'n/a'}")
     click.echo(

@@ -20,6 +20,7 @@ from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from raypeft.config import ExperimentConfig, flatten
+from raypeft.methods import BackboneDims
 from raypeft.space import trial_config
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # MLflow's own default store
@@ -101,12 +102,18 @@ class MLflowTrialCallback(Callback):
     """Mirror every Tune trial into a nested MLflow run of the experiment's parent run."""
 
     def __init__(
-        self, client: MlflowClient, experiment_id: str, parent_run_id: str, base: ExperimentConfig
+        self,
+        client: MlflowClient,
+        experiment_id: str,
+        parent_run_id: str,
+        base: ExperimentConfig,
+        dims: BackboneDims,
     ):
         self.client = client
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
         self.base = base
+        self.dims = dims  # to log each trial's resolved method (e.g. DePT's derived rank)
         self.run_ids: dict[str, str] = {}
         self.train_checkpoints: dict[str, str] = {}  # trial id -> latest Ray Train checkpoint
 
@@ -117,6 +124,7 @@ class MLflowTrialCallback(Callback):
         if trial.trial_id in self.run_ids:
             return
         cfg = trial_config(self.base, trial.config)
+        cfg = cfg.model_copy(update={"method": cfg.method.resolve(self.dims)})
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"{cfg.method.name}-{trial.trial_id}",

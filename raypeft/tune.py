@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 import torch
 from mlflow.tracking import MlflowClient
@@ -267,7 +268,7 @@ def run_experiment(
     client = MlflowClient(tracking_uri=uri)
     experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
     parent_run_id = start_parent_run(client, experiment_id, cfg, source)
-    tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg)
+    tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, dims)
     try:
         init_ray(address)
         data_ref = ray.put(data)  # tokenised once; every trial reads this one copy
@@ -317,6 +318,10 @@ def run_experiment(
                 torch.device("cpu"),
             )
             test = {f"test_{k}": v for k, v in scores.items()}
+            if data.spec.problem == "classification":
+                # what always answering the most frequent test label scores: the bar to beat
+                counts = np.bincount(data.splits["test"]["labels"])
+                test["test_majority_class_accuracy"] = float(counts.max() / counts.sum())
         summary = SearchSummary(
             experiment=cfg.tracking.experiment or cfg.name,
             tracking_uri=uri,

@@ -72,7 +72,8 @@ def check_search_logged(tmp_path: Path, expected_trials: int) -> tuple[MlflowCli
     assert len(runs) == 1
     parent = runs[0]
     assert parent.info.status == "FINISHED"
-    assert "test_accuracy" in parent.data.metrics and "best_val_accuracy" in parent.data.metrics
+    for key in ("test_accuracy", "best_val_accuracy", "test_majority_class_accuracy"):
+        assert key in parent.data.metrics
     assert parent.data.params["method.name"] == "dept"
     kids = children(client, experiment.experiment_id, parent.info.run_id)
     assert len(kids) == expected_trials
@@ -83,6 +84,7 @@ def check_search_logged(tmp_path: Path, expected_trials: int) -> tuple[MlflowCli
         rank = int(params["derived.rank"])
         # tiny-bert: d=32, s=16, l=10 -> r = floor((10-m)*32/48)
         assert rank == (10 - m) * 32 // 48
+        assert int(params["method.rank"]) == rank  # the resolved method config is logged
         assert int(params["derived.trainable_params"]) == m * 32 + (16 + 32) * rank
         history = client.get_metric_history(kid.info.run_id, "val_accuracy")
         steps = [h.step for h in history]
@@ -110,7 +112,7 @@ def test_tune_in_process_trials_logged_to_mlflow(tmp_path):
     path = tiny_experiment(tmp_path)
     proc = run_cli(["tune", "--space", str(path)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Best trial" in proc.stdout and "test:" in proc.stdout
+    assert "Best trial" in proc.stdout and "majority-class accuracy" in proc.stdout
     assert "sqlite:///mlflow.db" in proc.stdout  # MLflow's default store, in the cwd
     _, _, kids = check_search_logged(tmp_path, expected_trials=3)
     # the joint grid (2 × 1 points) is run first, whole; Optuna samples the third trial
