@@ -113,12 +113,15 @@ def tune(
         _check_resolvable(cfg, str(space_file))
     except ConfigError as exc:
         _fail(str(exc))
-    from raypeft.tune import run_experiment
+    from raypeft.tune import SearchFailed, run_experiment
 
     try:
         summary = run_experiment(cfg, address=address, quiet=quiet, source=str(space_file))
     except ConfigError as exc:  # e.g. a task's data turned out unusable
         _fail(str(exc))
+    except SearchFailed as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
     _print_summary(summary)
 
 

@@ -232,6 +232,60 @@ def init_ray(address: str | None) -> None:
         ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
 
 
+class SearchFailed(RuntimeError):
+    """No trial produced a result (every trial failed); the message says where to look."""
+
+
+def _build_tuner(cfg, data_ref, dims, tune_metric: str, mode: str, tracker, name: str, quiet: bool):
+    return tune.Tuner(
+        _trainable(cfg, data_ref),
+        tune_config=tune.TuneConfig(
+            search_alg=_searcher(cfg, dims, tune_metric, mode),
+            scheduler=_scheduler(cfg, tune_metric, mode),
+            num_samples=cfg.search.num_samples,
+            reuse_actors=not use_ray_train(cfg),
+            trial_name_creator=TrialNamer(cfg.method.name),
+            trial_dirname_creator=TrialNamer(cfg.method.name),
+        ),
+        run_config=tune.RunConfig(
+            name=name,
+            storage_path=_storage_path(cfg),
+            callbacks=[tracker],
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            verbose=0 if quiet else 1,
+        ),
+    )
+
+
+def score_on_test(cfg: ExperimentConfig, data: TokenizedTask, folder: Path) -> dict[str, float]:
+    """Evaluate a checkpoint once on the test split (the chosen configuration only)."""
+    torch.set_num_threads(os.cpu_count() or 1)
+    _, model = load_checkpoint(folder, data)
+    scores = evaluate(
+        model,
+        data.splits["test"],
+        data.spec.metrics,
+        cfg.train.eval_batch_size,
+        torch.device("cpu"),
+    )
+    test = {f"test_{k}": v for k, v in scores.items()}
+    if data.spec.problem == "classification":
+        # what always answering the most frequent test label scores: the bar to beat
+        counts = np.bincount(data.splits["test"]["labels"])
+        test["test_majority_class_accuracy"] = float(counts.max() / counts.sum())
+    return test
+
+
+def _search_metric(cfg: ExperimentConfig, data: TokenizedTask) -> tuple[str, str]:
+    metric = cfg.search.metric or data.spec.primary_metric
+    if metric not in (*data.spec.metrics, "loss"):
+        raise ConfigError(
+            f"search.metric: {metric!r} is not reported for task {data.spec.name!r}; "
+            f"choose one of {[*data.spec.metrics, 'loss']}"
+        )
+    return metric, cfg.search.mode or METRIC_MODE.get(metric, "max")
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     *,
@@ -243,62 +297,34 @@ def run_experiment(
     """Run the whole search described by ``cfg`` and return its summary."""
     start = time.time()
     say = (lambda *_: None) if quiet else printer
-    task = cfg.task
-    metric_name = cfg.search.metric or None
-    say(f"Preparing task {task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ...")
+    say(f"Preparing task {cfg.task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ...")
     data = prepare_task(cfg.task, cfg.model)
-    metric_name = cfg.search.metric or data.spec.primary_metric
-    if metric_name not in (*data.spec.metrics, "loss"):
-        raise ConfigError(
-            f"search.metric: {metric_name!r} is not reported for task {data.spec.name!r}; "
-            f"choose one of {[*data.spec.metrics, 'loss']}"
-        )
-    mode = cfg.search.mode or METRIC_MODE.get(metric_name, "max")
-    tune_metric = f"best_val_{metric_name}"
-    dims = backbone_dims(
-        load_config(cfg.model, data.num_labels, data.spec.problem), cfg.model.max_length
-    )
+    metric, mode = _search_metric(cfg, data)
+    tune_metric = f"best_val_{metric}"  # running best: what the kept checkpoint scored
+    config = load_config(cfg.model, data.num_labels, data.spec.problem)
+    dims = backbone_dims(config, cfg.model.max_length)
     sizes = "/".join(str(data.size(split)) for split in ("train", "validation", "test"))
-    say(
-        f"  train/validation/test: {sizes}"
-        f" examples, {data.num_labels} labels, metric {metric_name} ({mode})"
-    )
+    say(f"  train/validation/test: {sizes} examples, {data.num_labels} labels, {metric} ({mode})")
 
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     client = MlflowClient(tracking_uri=uri)
     experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
     parent_run_id = start_parent_run(client, experiment_id, cfg, source)
     tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, dims)
+    name = f"{cfg.name}-{parent_run_id[:8]}"
     try:
         init_ray(address)
         data_ref = ray.put(data)  # tokenised once; every trial reads this one copy
-        storage = _storage_path(cfg)
-        tuner = tune.Tuner(
-            _trainable(cfg, data_ref),
-            tune_config=tune.TuneConfig(
-                search_alg=_searcher(cfg, dims, tune_metric, mode),
-                scheduler=_scheduler(cfg, tune_metric, mode),
-                num_samples=cfg.search.num_samples,
-                reuse_actors=not use_ray_train(cfg),
-                trial_name_creator=TrialNamer(cfg.method.name),
-                trial_dirname_creator=TrialNamer(cfg.method.name),
-            ),
-            run_config=tune.RunConfig(
-                name=f"{cfg.name}-{parent_run_id[:8]}",
-                storage_path=storage,
-                callbacks=[tracker],
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                verbose=0 if quiet else 1,
-            ),
-        )
-        results = tuner.fit()
+        results = _build_tuner(cfg, data_ref, dims, tune_metric, mode, tracker, name, quiet).fit()
         errors = len(results.errors)
         best = results.get_best_result(metric=tune_metric, mode=mode, scope="all")
-        if best is None or best.metrics is None or tune_metric not in best.metrics:
-            client.set_terminated(parent_run_id, "FAILED")
-            raise RuntimeError(f"no trial reported {tune_metric}; {errors} trial(s) failed")
+        if best is None or not best.metrics or tune_metric not in best.metrics:
+            first = str(results.errors[0]).strip().splitlines()[-1] if errors else "no error"
+            raise SearchFailed(
+                f"no trial reported {tune_metric}: {errors} of {len(results)} trials failed "
+                f"(first: {first[:300]}); see MLflow run {parent_run_id}"
+            )
         best_trial_id = best.metrics["trial_id"]
-        best_params = {k: v for k, v in best.config.items()}
         best_val = {
             k[len("best_") :]: v
             for k, v in best.metrics.items()
@@ -308,20 +334,7 @@ def run_experiment(
         test = {}
         if folder is not None:
             say("Evaluating the best configuration on the test split ...")
-            torch.set_num_threads(os.cpu_count() or 1)
-            _, model = load_checkpoint(folder, data)
-            scores = evaluate(
-                model,
-                data.splits["test"],
-                data.spec.metrics,
-                cfg.train.eval_batch_size,
-                torch.device("cpu"),
-            )
-            test = {f"test_{k}": v for k, v in scores.items()}
-            if data.spec.problem == "classification":
-                # what always answering the most frequent test label scores: the bar to beat
-                counts = np.bincount(data.splits["test"]["labels"])
-                test["test_majority_class_accuracy"] = float(counts.max() / counts.sum())
+            test = score_on_test(cfg, data, folder)
         summary = SearchSummary(
             experiment=cfg.tracking.experiment or cfg.name,
             tracking_uri=uri,
@@ -329,13 +342,13 @@ def run_experiment(
             parent_run_id=parent_run_id,
             best_trial_id=best_trial_id,
             best_run_id=tracker.run_ids.get(best_trial_id),
-            best_params=best_params,
-            metric=metric_name,
+            best_params=dict(best.config),
+            metric=metric,
             best_validation=best_val,
             test=test,
             num_trials=len(results),
             num_errors=errors,
-            storage_path=str(Path(storage) / f"{cfg.name}-{parent_run_id[:8]}"),
+            storage_path=str(Path(_storage_path(cfg)) / name),
             wall_s=time.time() - start,
             trial_run_ids=dict(tracker.run_ids),
         )
@@ -345,7 +358,7 @@ def run_experiment(
             {
                 "trial_id": best_trial_id,
                 "run_id": summary.best_run_id,
-                "config": best_params,
+                "config": summary.best_params,
                 "metrics": {
                     **{f"best_{k}": v for k, v in best_val.items()},
                     **test,
@@ -357,7 +370,6 @@ def run_experiment(
         )
         return summary
     except BaseException:
-        run = client.get_run(parent_run_id)
-        if run.info.status == "RUNNING":
-            client.set_terminated(parent_run_id, "KILLED")
+        if client.get_run(parent_run_id).info.status == "RUNNING":
+            client.set_terminated(parent_run_id, "FAILED")
         raise

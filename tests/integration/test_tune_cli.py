@@ -146,3 +146,25 @@ def test_bad_file_fails_fast_and_creates_nothing(tmp_path):
     assert len(lines) == 1 and "method.learning_rate" in lines[0] and str(path) in lines[0]
     assert "Traceback" not in proc.stderr
     assert set(os.listdir(tmp_path)) == before  # no mlflow.db, no ray_results
+
+
+def test_search_whose_trials_all_diverge_fails_with_one_line(tmp_path):
+    # an absurd learning rate makes the loss non-finite within a few steps
+    path = tiny_experiment(
+        tmp_path,
+        train={"head_lr": 1.0e30, "warmup_ratio": 0.0},
+        space={"method.lr_prompt": {"grid": [1.0e30]}},
+        search={"num_samples": 1, "scheduler": {"type": "none"}},
+    )
+    proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 1
+    error = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(error) == 1 and "1 of 1 trials failed" in error[0], proc.stderr[-2000:]
+    assert "NonFiniteLossError" in error[0]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("tiny-dept")
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.`raypeft.role` = 'experiment'")
+    assert parent.info.status == "FAILED"
+    (kid,) = children(client, experiment.experiment_id, parent.info.run_id)
+    assert kid.info.status == "FAILED"
+    assert "NonFiniteLossError" in kid.data.tags["raypeft.error"]
