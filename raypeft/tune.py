@@ -77,7 +77,8 @@ def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) 
         checkpoint = tune.Checkpoint.from_directory(folder) if folder else None
         tune.report(metrics, checkpoint=checkpoint)
 
-    train(cfg, task, report)
+    use_cuda = cfg.resources.use_gpu and torch.cuda.is_available()  # Tune set the visible GPU
+    train(cfg, task, report, device=torch.device("cuda" if use_cuda else "cpu"))
 
 
 def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
@@ -183,8 +184,11 @@ def _max_concurrent(cfg: ExperimentConfig) -> int:
     if cfg.search.max_concurrent:
         return cfg.search.max_concurrent
     res = cfg.resources
-    per_trial = res.workers_per_trial * res.cpus_per_worker
-    return max(1, int(ray.cluster_resources().get("CPU", 1) // per_trial))
+    cluster = ray.cluster_resources()
+    fits = cluster.get("CPU", 1) // (res.workers_per_trial * res.cpus_per_worker)
+    if res.use_gpu:
+        fits = min(fits, cluster.get("GPU", 0) // res.workers_per_trial)
+    return max(1, int(fits))
 
 
 def _searcher(cfg: ExperimentConfig, dims, metric: str, mode: str):

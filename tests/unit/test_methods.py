@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from raypeft.config import ExperimentConfig, ModelConfig, TrainConfig
+from raypeft.methods import BackboneDims, build_method
 from raypeft.methods.dept import DePT, DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuning, PromptTuningConfig
 from raypeft.model import TRAINABLE_FILE, PromptedModel
@@ -346,3 +347,28 @@ def test_backbone_is_frozen_and_seeded(tiny_backbone):
     assert a.dims.hidden_size == 32 and a.dims.num_layers == 2 and a.dims.max_length == 16
     assert a.dims.vocab_size == a.word_embeddings.weight.shape[0]
     copy.deepcopy(a.model)  # a frozen backbone can be copied (used by parallel trials)
+
+
+# ---------------------------------------------------------------- paper shapes (T5-base)
+
+T5_BASE = BackboneDims(hidden_size=768, num_layers=12, vocab_size=32128, max_length=256)
+
+
+@pytest.fixture(scope="module")
+def t5_base_embeddings():
+    return torch.nn.Embedding(T5_BASE.vocab_size, T5_BASE.hidden_size)
+
+
+def test_pt_module_has_76800_params_at_t5_base_shape(t5_base_embeddings):
+    cfg = PromptTuningConfig(prompt_length=100)
+    method = build_method(cfg, T5_BASE, t5_base_embeddings)
+    assert method.num_trainable() == cfg.num_params(T5_BASE) == 76_800
+
+
+@pytest.mark.parametrize(("m", "r"), [(20, 60), (40, 45), (60, 30), (80, 15)])
+def test_dept_module_has_76800_params_at_t5_base_shape(t5_base_embeddings, m, r):
+    cfg = DePTConfig(prompt_length=m, budget_prompt_length=100)
+    method = build_method(cfg, T5_BASE, t5_base_embeddings)
+    assert method.lora_a.shape == (256, r) and method.lora_b.shape == (r, 768)
+    assert method.prompt.shape == (m, 768)
+    assert method.num_trainable() == cfg.num_params(T5_BASE) == 76_800
