@@ -45,11 +45,18 @@ class ModelConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    """The labelled task. ``name`` is a registered task; local files go in ``files``."""
+    """The labelled task: a registered one, any Hub dataset (`hub`) or local files (`files`)."""
 
     name: str = Field(
-        "tweet_sentiment", description="registered task, e.g. tweet_sentiment, glue/rte"
+        "tweet_sentiment",
+        description="registered task (tweet_sentiment, glue/rte, ...), or `hub` (any Hugging Face "
+        "dataset, with `dataset` and the columns) or `files` (local files, with the columns)",
     )
+    dataset: str | None = Field(
+        None, description="hub tasks: dataset id (or a local dataset folder) for load_dataset"
+    )
+    dataset_config: str | None = Field(None, description="hub tasks: the dataset's config name")
+    validation_split: str = Field("validation", description="hub tasks: split used as validation")
     data_dir: Path | None = Field(
         None, description="folder with train/validation[/test].jsonl instead of the Hub"
     )

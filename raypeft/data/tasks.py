@@ -78,35 +78,64 @@ for _name in ["cola", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli", "sst
     TASKS.setdefault(_name, TASKS[f"glue/{_name}"])
 
 
+CUSTOM_TASKS = ("files", "hub")  # tasks described by the experiment file's column mapping
+
+
 def resolve_task_spec(cfg: TaskConfig) -> TaskSpec:
-    """The spec of ``task.name``; ``files`` tasks build theirs from the column mapping."""
-    if cfg.name == "files":
-        if not cfg.files or "train" not in cfg.files or "validation" not in cfg.files:
-            raise ConfigError("task.files: a files task needs at least train and validation files")
-        if not cfg.text_column:
-            raise ConfigError("task.text_column: a files task must name its text column")
-        problem = cfg.problem or "classification"
-        return TaskSpec(
-            "files",
-            cfg.text_column,
-            cfg.text_pair_column,
-            cfg.label_column,
-            problem,
-            num_labels=1 if problem == "regression" else None,
-            metrics=("pearson", "spearmanr")
-            if problem == "regression"
-            else ("accuracy", "macro_f1"),
-        )
+    """The spec of ``task.name``; ``files`` and ``hub`` tasks build theirs from the columns."""
+    if cfg.name in CUSTOM_TASKS:
+        return _custom_spec(cfg)
     if cfg.name not in TASKS:
         raise ConfigError(
-            f"task.name: unknown task {cfg.name!r}; known: files, {', '.join(sorted(TASKS))}"
+            f"task.name: unknown task {cfg.name!r}; known: files, hub, {', '.join(sorted(TASKS))}"
         )
-    if cfg.files:
-        raise ConfigError("task.files: only allowed with task.name: files")
+    for key in ("files", "dataset"):
+        if getattr(cfg, key):
+            raise ConfigError(f"task.{key}: only allowed with task.name: files or hub")
     spec = TASKS[cfg.name]
     if spec.hub is None and cfg.data_dir is None and cfg.name != "tweet_sentiment":
         raise ConfigError(f"task.data_dir: task {cfg.name!r} has no Hub source; give its folder")
     return spec
+
+
+def _custom_spec(cfg: TaskConfig) -> TaskSpec:
+    if cfg.name == "files" and (
+        not cfg.files or "train" not in cfg.files or "validation" not in cfg.files
+    ):
+        raise ConfigError("task.files: a files task needs at least train and validation files")
+    if cfg.name == "hub" and not cfg.dataset:
+        raise ConfigError("task.dataset: a hub task needs the dataset id, e.g. stanfordnlp/imdb")
+    if not cfg.text_column:
+        raise ConfigError(f"task.text_column: a {cfg.name} task must name its text column")
+    problem = cfg.problem or "classification"
+    regression = problem == "regression"
+    return TaskSpec(
+        cfg.name,
+        cfg.text_column,
+        cfg.text_pair_column,
+        cfg.label_column,
+        problem,
+        num_labels=1 if regression else None,
+        metrics=("pearson", "spearmanr") if regression else ("accuracy", "macro_f1"),
+        hub=(cfg.dataset, cfg.dataset_config) if cfg.name == "hub" else None,
+        validation_split=cfg.validation_split,
+    )
+
+
+def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
+    key = "task.dataset" if spec.name == "hub" else "task.name"
+    try:
+        raw = datasets.load_dataset(*spec.hub)
+    except Exception as exc:  # the Hub raises many types (connection, missing config, ...)
+        first = (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
+        raise ConfigError(f"{key}: cannot load dataset {spec.hub[0]!r}: {first[:300]}") from None
+    if spec.validation_split not in raw or "train" not in raw:
+        raise ConfigError(
+            f"{key}: dataset {spec.hub[0]!r} needs `train` and `{spec.validation_split}` splits "
+            f"(has {sorted(raw)}); set task.validation_split"
+        )
+    raw["validation"] = raw[spec.validation_split]
+    return raw
 
 
 def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
@@ -118,9 +147,7 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
     elif cfg.data_dir is not None:
         raw = _read_dir(Path(cfg.data_dir))
     else:
-        raw = datasets.load_dataset(*spec.hub)
-        if spec.validation_split != "validation":
-            raw["validation"] = raw[spec.validation_split]
+        raw = _load_hub(spec)
     columns = {
         "task.text_column": spec.text_column,
         "task.text_pair_column": spec.text_pair_column,
@@ -133,7 +160,7 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
                 and col not in ds.column_names
                 and not (split == "test" and key == "task.label_column")
             ):
-                key = key if cfg.name == "files" else "task.name"
+                key = key if cfg.name in CUSTOM_TASKS else "task.name"
                 raise ConfigError(
                     f"{key}: column {col!r} not in the {split} split of {spec.name!r} "
                     f"(columns: {ds.column_names})"

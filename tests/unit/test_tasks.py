@@ -254,3 +254,57 @@ def test_glue_style_dir_needs_train_and_validation(tmp_path):
     cfg = TaskConfig(name="rte", data_dir=tmp_path)
     msg = config_error(load_splits, cfg, resolve_task_spec(cfg))
     assert msg.startswith("task.data_dir: ") and "validation.jsonl" in msg
+
+
+# ------------------------------------------------------------------ hub tasks (any dataset)
+# `load_dataset` also takes a local dataset folder: that runs the Hub code path offline.
+
+
+def hub_folder(tmp_path, splits: dict[str, list[dict]]):
+    folder = tmp_path / "hub_dataset"
+    folder.mkdir()
+    for split, data in splits.items():
+        write_jsonl(folder / f"{split}.jsonl", data)
+    return folder
+
+
+def test_hub_task_loads_any_dataset_with_column_mapping(tmp_path, tiny_model_cfg):
+    # datasets' folder loader names dev.jsonl the `validation` split, as a Hub repo would
+    folder = hub_folder(
+        tmp_path, {"train": rows(8, ["pos", "neg"]), "dev": rows(6, ["neg", "pos"])}
+    )
+    cfg = TaskConfig(name="hub", dataset=str(folder), text_column="sentence")
+    task = prepare_task(cfg, tiny_model_cfg)
+    assert task.spec.name == "hub" and task.label_names == ["neg", "pos"]
+    # no test split: validation (6) is halved into validation and test (DePT's convention)
+    assert (task.size("train"), task.size("validation"), task.size("test")) == (8, 3, 3)
+    assert task.splits["train"]["input_ids"].shape == (8, tiny_model_cfg.max_length)
+
+
+def test_hub_task_needs_dataset_and_text_column(tmp_path, tiny_model_cfg):
+    assert config_error(resolve_task_spec, TaskConfig(name="hub", text_column="x")).startswith(
+        "task.dataset: a hub task needs the dataset id"
+    )
+    msg = config_error(resolve_task_spec, TaskConfig(name="hub", dataset="some/dataset"))
+    assert msg.startswith("task.text_column: a hub task must name its text column")
+
+
+def test_hub_task_missing_validation_split_named(tmp_path, tiny_model_cfg):
+    folder = hub_folder(tmp_path, {"train": rows(8, [0, 1]), "validation": rows(4, [0, 1])})
+    cfg = TaskConfig(
+        name="hub", dataset=str(folder), text_column="sentence", validation_split="heldout"
+    )
+    msg = config_error(prepare_task, cfg, tiny_model_cfg)
+    assert "needs `train` and `heldout` splits" in msg and "task.validation_split" in msg
+
+
+def test_hub_task_unreachable_dataset_is_one_line(tmp_path, tiny_model_cfg, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    cfg = TaskConfig(name="hub", dataset="nobody/no-such-dataset", text_column="text")
+    msg = config_error(prepare_task, cfg, tiny_model_cfg)
+    assert msg.startswith("task.dataset: cannot load dataset 'nobody/no-such-dataset'")
+
+
+def test_dataset_key_only_for_custom_tasks():
+    msg = config_error(resolve_task_spec, TaskConfig(name="glue/rte", dataset="x/y"))
+    assert msg.startswith("task.dataset: only allowed with task.name: files or hub")
