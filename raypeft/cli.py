@@ -48,6 +48,11 @@ def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
     from raypeft.data.tasks import resolve_task_spec
 
     spec = resolve_task_spec(cfg.task)
+    for split, path in (cfg.task.files or {}).items():
+        if not Path(path).is_file():
+            raise ConfigError(f"task.files.{split}: {path}: file not found")
+    if cfg.task.data_dir is not None and not Path(cfg.task.data_dir).is_dir():
+        raise ConfigError(f"task.data_dir: {cfg.task.data_dir}: no such folder")
     metric = cfg.search.metric
     if metric is not None and metric not in (*spec.metrics, "loss"):
         raise ConfigError(
