@@ -76,6 +76,16 @@ def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(f"{source}: {where}: {exc}") from None
 
 
+# Shared by every command that reads an experiment file.
+OVERRIDES = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a key of the file, e.g. --set search.num_samples=4 (repeatable)",
+)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="raypeft")
 def main() -> None:
@@ -90,13 +100,7 @@ def main() -> None:
     type=click.Path(dir_okay=False, path_type=Path),
     help="experiment file (YAML), e.g. search_spaces/dept.yaml",
 )
-@click.option(
-    "--set",
-    "overrides",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="override a key of the file, e.g. --set search.num_samples=4 (repeatable)",
-)
+@OVERRIDES
 @click.option("--address", default=None, help="Ray cluster address (default: start a local Ray)")
 @click.option(
     "--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db)"
@@ -163,7 +167,7 @@ def _print_summary(s) -> None:
 
 @main.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a key")
+@OVERRIDES
 def validate(file: Path, overrides: tuple[str, ...]) -> None:
     """Check an experiment file without running anything."""
     _quiet_libraries()

@@ -228,6 +228,9 @@ def _scheduler(cfg: ExperimentConfig, metric: str, mode: str):
 def init_ray(address: str | None) -> None:
     """Connect to a cluster (``address``) or start a local Ray with this machine's CPUs."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Trials checkpoint only when their metric improves, and with num_to_keep set Tune then
+    # snapshots the experiment each time: expected here, not worth a warning per trial.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
     if address:
