@@ -32,13 +32,11 @@ class PromptedModel(nn.Module):
         return self.backbone(**kwargs).logits
 
     def train(self, mode: bool = True) -> PromptedModel:
-        # The backbone stays in eval mode (its dropout off: it is frozen); only the method
-        # and the head see training mode.
+        # The backbone (task head included: a Linear layer, no dropout of its own) always runs
+        # in eval mode: it is frozen, and its dropout would only add noise to the prompt's
+        # gradients. Only the method's modules see training mode.
         super().train(mode)
         self.backbone.eval()
-        for name, module in self.backbone.named_modules():
-            if name and name.split(".")[0] in {n.split(".")[0] for n in self._head_names}:
-                module.train(mode)
         return self
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
