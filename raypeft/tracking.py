@@ -89,13 +89,17 @@ def checkpoint_dir(tune_checkpoint, train_checkpoint_path: str | None) -> Path |
     In-process trials report Tune checkpoints; Ray Train trials report their checkpoint's
     storage path as the ``checkpoint_path`` metric of the result that carried it.
     """
+    from pyarrow.fs import LocalFileSystem
     from ray.train import Checkpoint
 
-    if tune_checkpoint is not None:
-        return Path(tune_checkpoint.to_directory())
-    if train_checkpoint_path:
-        return Path(Checkpoint(train_checkpoint_path).to_directory())
-    return None
+    checkpoint = tune_checkpoint
+    if checkpoint is None and train_checkpoint_path:
+        checkpoint = Checkpoint(train_checkpoint_path)
+    if checkpoint is None:
+        return None
+    if isinstance(checkpoint.filesystem, LocalFileSystem):
+        return Path(checkpoint.path)  # read in place: no copy
+    return Path(checkpoint.to_directory())  # remote storage (e.g. S3): download once
 
 
 class MLflowTrialCallback(Callback):
@@ -137,7 +141,7 @@ class MLflowTrialCallback(Callback):
         )
         self.run_ids[trial.trial_id] = run.info.run_id
         params = flatten(cfg.model_dump(mode="json", exclude={"space", "tracking", "run"}))
-        params.update({k: v for k, v in trial.config.items()})  # sampled + derived.*
+        params.update(trial.config)  # the sampled keys and derived.*
         log_params(self.client, run.info.run_id, params)
 
     def on_trial_result(
