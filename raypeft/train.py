@@ -178,18 +178,20 @@ def train(
                     cfg.train.eval_batch_size,
                     device,
                 )
-                metrics = {f"val_{k}": v for k, v in val.items()}
-                metrics.update(
-                    step=step,
-                    epoch=epoch,
-                    train_loss=float(np.mean(loss_window)),
-                    train_samples_per_s=seen / train_time,
-                )
-                loss_window = []
                 improved = not best or sign * val[metric] > sign * best[f"val_{metric}"]
                 if improved:
                     best = {f"val_{k}": v for k, v in val.items()} | {"step": step}
+                # Tune's progress table shows the first few keys: the searched metric first
+                metrics = {
+                    f"best_val_{metric}": best[f"val_{metric}"],
+                    f"val_{metric}": val[metric],
+                    "train_loss": float(np.mean(loss_window)),
+                    "step": step,
+                }
+                metrics.update({f"val_{k}": v for k, v in val.items()})
                 metrics.update({f"best_{k}": v for k, v in best.items()})
+                metrics.update(epoch=epoch, train_samples_per_s=seen / train_time)
+                loss_window = []
                 if improved and rank == 0:
                     with tempfile.TemporaryDirectory() as folder:
                         save_checkpoint(model, cfg, Path(folder))
