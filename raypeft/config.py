@@ -351,31 +351,22 @@ def validate_experiment(data: dict, source: str) -> ExperimentConfig:
 
 def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
     """Every search-space key must name a real field, and every value must validate there."""
-    base = cfg.model_dump(mode="json", exclude={"space"})
-    known = flatten(base)
+    known = flatten(cfg.model_dump(mode="json", exclude={"space"}))
     for key, param in cfg.space.items():
         if key.startswith(("space", "search", "tracking", "run", "resources", "name")):
             raise ConfigError(
                 f"{source}: space.{key}: only model/task/method/train keys can be searched"
             )
-        if key not in known and not _is_method_field(cfg, key):
+        if key not in known:
             raise ConfigError(
                 f"{source}: space.{key}: unknown key; it must name a config field such as method.lr"
             )
         for value in _candidate_values(param):
-            trial = dict(base)
-            trial = _with_override(base, key, value)
             try:
-                ExperimentConfig.model_validate(trial)
+                apply_trial_params(cfg, {key: value})
             except ValidationError as err:
                 inner = format_validation_error(err, source)
                 raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
-
-
-def _is_method_field(cfg: ExperimentConfig, key: str) -> bool:
-    # fields with a None default (e.g. dept's rank) do not appear in `flatten`
-    head, _, field = key.partition(".")
-    return head == "method" and field in type(cfg.method).model_fields
 
 
 def _candidate_values(param: SpaceParam) -> list[Any]:
@@ -388,14 +379,6 @@ def _candidate_values(param: SpaceParam) -> list[Any]:
     if isinstance(param, LogUniformParam):
         return list(param.loguniform)
     return [param.int[0], param.int[1]]
-
-
-def _with_override(base: dict, key: str, value: Any) -> dict:
-    import copy
-
-    data = copy.deepcopy(base)
-    set_dotted(data, key, value)
-    return data
 
 
 def apply_trial_params(cfg: ExperimentConfig, params: dict[str, Any]) -> ExperimentConfig:

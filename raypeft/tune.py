@@ -148,11 +148,11 @@ def use_ray_train(cfg: ExperimentConfig) -> bool:
 
 
 def _storage_path(cfg: ExperimentConfig) -> str:
-    return (
-        str(Path(cfg.run.storage_path or "~/ray_results").expanduser().resolve())
-        if "://" not in (cfg.run.storage_path or "")
-        else cfg.run.storage_path
-    )
+    """Where Ray keeps results: a URI (s3://...) as given, a local path made absolute."""
+    path = cfg.run.storage_path or "~/ray_results"  # Ray's own default
+    if "://" in path:
+        return path
+    return str(Path(path).expanduser().resolve())
 
 
 # ----------------------------------------------------------------------------- search
@@ -161,11 +161,12 @@ def _storage_path(cfg: ExperimentConfig) -> str:
 def _trainable(cfg: ExperimentConfig, data_ref: ray.ObjectRef):
     res = cfg.resources
     threads = cfg.train.num_threads or max(1, int(res.cpus_per_worker))
-    fn = trial_with_ray_train if use_ray_train(cfg) else trial_in_process
+    with_ray_train = use_ray_train(cfg)
+    fn = trial_with_ray_train if with_ray_train else trial_in_process
     wrapped = tune.with_parameters(
         fn, base=cfg.model_dump(mode="json"), data_ref=[data_ref], threads=threads
     )
-    if use_ray_train(cfg):
+    if with_ray_train:
         return tune.with_resources(wrapped, _DRIVER_RESOURCES)
     return tune.with_resources(wrapped, {"CPU": res.cpus_per_worker, "GPU": int(res.use_gpu)})
 
