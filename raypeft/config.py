@@ -5,6 +5,7 @@ Everything a run needs is validated here before Ray, MLflow or any folder is tou
 
 from __future__ import annotations
 
+import difflib
 import itertools
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -358,9 +359,9 @@ def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
                 f"{source}: space.{key}: only model/task/method/train keys can be searched"
             )
         if key not in known:
-            raise ConfigError(
-                f"{source}: space.{key}: unknown key; it must name a config field such as method.lr"
-            )
+            close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{source}: space.{key}: unknown key, not a config field{hint}")
         for value in _candidate_values(param):
             try:
                 apply_trial_params(cfg, {key: value})
