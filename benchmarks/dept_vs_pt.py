@@ -98,8 +98,11 @@ INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 def method_dict(name: str, args: argparse.Namespace) -> dict:
     if name == "pt":
         return {"name": "pt", "prompt_length": args.pt_length}
-    return {"name": "dept", "prompt_length": args.dept_length,
-            "budget_prompt_length": args.pt_length}
+    return {
+        "name": "dept",
+        "prompt_length": args.dept_length,
+        "budget_prompt_length": args.pt_length,
+    }
 
 
 def step_config(name: str, args: argparse.Namespace):
@@ -132,10 +135,8 @@ def train_step(model, optimizer, batch, max_grad_norm) -> None:
     """One step as ``raypeft.train.train`` takes it: forward, backward, clip, AdamW."""
     import torch
 
-    from raypeft.train import loss_fn
-
     inputs, labels = batch
-    loss = loss_fn(model(**inputs), labels)
+    loss = model(**inputs, labels=labels).loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if max_grad_norm:
@@ -171,8 +172,9 @@ def make_batches(args: argparse.Namespace) -> tuple[dict, int]:
         arrays = dict(task.splits["train"])
         num_labels = task.num_labels
     shape = (args.num_batches, args.batch_size)
-    out = {k: np.asarray(v, dtype=np.int64).reshape(*shape, *v.shape[1:])
-           for k, v in arrays.items()}
+    out = {
+        k: np.asarray(v, dtype=np.int64).reshape(*shape, *v.shape[1:]) for k, v in arrays.items()
+    }
     if out["input_ids"].shape[-1] != args.max_length:
         raise AssertionError("inputs must be padded to exactly s")
     return out, num_labels
@@ -296,15 +298,32 @@ def memory_worker(args: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
-def run_memory_subprocess(name: str, args: argparse.Namespace, batches_file: Path,
-                          num_labels: int) -> dict:
+def run_memory_subprocess(
+    name: str, args: argparse.Namespace, batches_file: Path, num_labels: int
+) -> dict:
     cmd = [
-        sys.executable, str(Path(__file__).resolve()), "--_memory-worker", name,
-        "--_batches", str(batches_file), "--_num-labels", str(num_labels),
-        "--threads", str(args.threads), "--memory-steps", str(args.memory_steps),
-        "--model", args.model, "--max-length", str(args.max_length),
-        "--batch-size", str(args.batch_size), "--pt-length", str(args.pt_length),
-        "--dept-length", str(args.dept_length),
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--_memory-worker",
+        name,
+        "--_batches",
+        str(batches_file),
+        "--_num-labels",
+        str(num_labels),
+        "--threads",
+        str(args.threads),
+        "--memory-steps",
+        str(args.memory_steps),
+        "--model",
+        args.model,
+        "--max-length",
+        str(args.max_length),
+        "--batch-size",
+        str(args.batch_size),
+        "--pt-length",
+        str(args.pt_length),
+        "--dept-length",
+        str(args.dept_length),
     ]
     # A fixed mmap threshold turns off glibc's adaptive one, so freed tensors go back to the
     # OS and RSS follows the live tensors instead of the heap's history.
@@ -322,9 +341,12 @@ def part_a(args: argparse.Namespace) -> None:
     from raypeft.budget import prompt_tuning_params
 
     torch.set_num_threads(args.threads)
-    print(f"== Part A: PT l={args.pt_length} vs DePT m={args.dept_length} (same budget), "
-          f"model={args.model}, s={args.max_length}, batch={args.batch_size}, "
-          f"threads={args.threads}, data={args.data}{load_note()}", flush=True)
+    print(
+        f"== Part A: PT l={args.pt_length} vs DePT m={args.dept_length} (same budget), "
+        f"model={args.model}, s={args.max_length}, batch={args.batch_size}, "
+        f"threads={args.threads}, data={args.data}{load_note()}",
+        flush=True,
+    )
     t0 = time.perf_counter()
     arrays, num_labels = make_batches(args)
     batches = torch_batches(arrays)
@@ -337,9 +359,12 @@ def part_a(args: argparse.Namespace) -> None:
     budget = prompt_tuning_params(args.pt_length, dims.hidden_size)
     slack = budget - counts["dept"]
     seq = {"pt": args.pt_length + dims.max_length, "dept": args.dept_length + dims.max_length}
-    print(f"d={dims.hidden_size}, s={dims.max_length}, DePT rank r={rank}; trainable prompt "
-          f"params: PT {counts['pt']:,}, DePT {counts['dept']:,} (budget l*d = {budget:,}, "
-          f"DePT floor slack = {slack:,}); task head {head:,} each (not counted)", flush=True)
+    print(
+        f"d={dims.hidden_size}, s={dims.max_length}, DePT rank r={rank}; trainable prompt "
+        f"params: PT {counts['pt']:,}, DePT {counts['dept']:,} (budget l*d = {budget:,}, "
+        f"DePT floor slack = {slack:,}); task head {head:,} each (not counted)",
+        flush=True,
+    )
     if counts["pt"] != budget or not 0 <= slack < dims.max_length + dims.hidden_size:
         raise AssertionError("PT and DePT are not at equal trainable parameters")
 
@@ -358,8 +383,9 @@ def part_a(args: argparse.Namespace) -> None:
             start = time.perf_counter()
             train_step(model, opt, batch, cfg.train.max_grad_norm)
             step_times[name].append(time.perf_counter() - start)
-    print(f"  training steps done ({time.perf_counter() - t0:.0f} s so far){load_note()}",
-          flush=True)
+    print(
+        f"  training steps done ({time.perf_counter() - t0:.0f} s so far){load_note()}", flush=True
+    )
 
     # -- 2. inference, alternating batch by batch
     infer_times = {name: [] for name in METHODS}
@@ -386,8 +412,11 @@ def part_a(args: argparse.Namespace) -> None:
             for rep in range(args.memory_repeats):
                 for name in METHODS if rep % 2 == 0 else METHODS[::-1]:
                     mem[name].append(run_memory_subprocess(name, args, batches_file, num_labels))
-        print(f"  memory done ({time.perf_counter() - t0:.0f} s so far; peak source: "
-              f"{mem['pt'][0]['source']})", flush=True)
+        print(
+            f"  memory done ({time.perf_counter() - t0:.0f} s so far; peak source: "
+            f"{mem['pt'][0]['source']})",
+            flush=True,
+        )
 
     # -- table
     def row(label, a, b, fmt):
@@ -397,18 +426,35 @@ def part_a(args: argparse.Namespace) -> None:
     rows = [
         row("trainable prompt params", counts["pt"], counts["dept"], ","),
         row("backbone sequence length (l|m + s)", seq["pt"], seq["dept"], "d"),
-        row(f"train step, median of {args.steps} (s)",
-            statistics.median(st["pt"]), statistics.median(st["dept"]), ".3f"),
-        ("train step, median of per-pair ratios", "", "",
-         f"{median_ratio(st['dept'], st['pt']):.3f}"),
+        row(
+            f"train step, median of {args.steps} (s)",
+            statistics.median(st["pt"]),
+            statistics.median(st["dept"]),
+            ".3f",
+        ),
+        (
+            "train step, median of per-pair ratios",
+            "",
+            "",
+            f"{median_ratio(st['dept'], st['pt']):.3f}",
+        ),
         row("train step, fastest (s)", min(st["pt"]), min(st["dept"]), ".3f"),
-        row(f"inference/batch, median of {args.infer_batches} (s)",
-            statistics.median(it["pt"]), statistics.median(it["dept"]), ".3f"),
-        ("inference/batch, median of per-pair ratios", "", "",
-         f"{median_ratio(it['dept'], it['pt']):.3f}"),
+        row(
+            f"inference/batch, median of {args.infer_batches} (s)",
+            statistics.median(it["pt"]),
+            statistics.median(it["dept"]),
+            ".3f",
+        ),
+        (
+            "inference/batch, median of per-pair ratios",
+            "",
+            "",
+            f"{median_ratio(it['dept'], it['pt']):.3f}",
+        ),
         row("inference/batch, fastest (s)", min(it["pt"]), min(it["dept"]), ".3f"),
     ]
     if args.memory_repeats:
+
         def mib(name, f):
             return statistics.median(f(r) for r in mem[name]) / MiB
 
@@ -447,17 +493,28 @@ def ray_config(args: argparse.Namespace, runner: str, tmp: Path):
         {
             "name": f"bench_ray_{runner}",
             "model": {"name": args.ray_model, "max_length": args.ray_max_length},
-            "task": {"name": "tweet_sentiment", "max_train_examples": args.ray_train_examples,
-                     "max_eval_examples": args.ray_eval_examples},
+            "task": {
+                "name": "tweet_sentiment",
+                "max_train_examples": args.ray_train_examples,
+                "max_eval_examples": args.ray_eval_examples,
+            },
             "method": {"name": "pt", "prompt_length": 20},
-            "train": {"max_steps": args.ray_steps, "eval_every": args.ray_eval_every,
-                      "batch_size": 16},
-            "search": {"num_samples": args.ray_trials, "scheduler": {"type": "none"},
-                       "max_concurrent": args.ray_max_concurrent},
+            "train": {
+                "max_steps": args.ray_steps,
+                "eval_every": args.ray_eval_every,
+                "batch_size": 16,
+            },
+            "search": {
+                "num_samples": args.ray_trials,
+                "scheduler": {"type": "none"},
+                "max_concurrent": args.ray_max_concurrent,
+            },
             "space": {"method.lr": {"choice": [0.1, 0.3]}},
             "resources": {"trial_runner": runner},
-            "tracking": {"uri": f"sqlite:///{tmp / 'mlflow.db'}",
-                         "experiment": f"bench_ray_{runner}"},
+            "tracking": {
+                "uri": f"sqlite:///{tmp / 'mlflow.db'}",
+                "experiment": f"bench_ray_{runner}",
+            },
             "run": {"storage_path": str(tmp / "ray_results")},
         },
         "benchmark",
@@ -481,10 +538,13 @@ def part_b(args: argparse.Namespace) -> bool:
 
     n = args.ray_trials
     runners = [r.strip() for r in args.ray_runners.split(",") if r.strip()]
-    print(f"== Part B: {n} trials of {args.ray_model} s={args.ray_max_length} PT l=20, "
-          f"max_steps={args.ray_steps}, eval_every={args.ray_eval_every}, "
-          f"{args.ray_train_examples} train / {args.ray_eval_examples} eval examples; "
-          f"runners {runners}; bare loop with {args.threads} threads", flush=True)
+    print(
+        f"== Part B: {n} trials of {args.ray_model} s={args.ray_max_length} PT l=20, "
+        f"max_steps={args.ray_steps}, eval_every={args.ray_eval_every}, "
+        f"{args.ray_train_examples} train / {args.ray_eval_examples} eval examples; "
+        f"runners {runners}; bare loop with {args.threads} threads",
+        flush=True,
+    )
     t0 = time.perf_counter()
     bare: list[float] = []
     passes: list[float] = []  # total of each bare pass: tokenise + N trials
@@ -506,9 +566,13 @@ def part_b(args: argparse.Namespace) -> bool:
                 times.append(time.perf_counter() - start)
             bare.extend(times)
             passes.append(prep + sum(times))
-            print(f"  bare pass: tokenise {prep:.1f} s, trials "
-                  + " ".join(f"{t:.1f}" for t in times) + f" s; total {passes[-1]:.1f} s"
-                  + load_note(), flush=True)
+            print(
+                f"  bare pass: tokenise {prep:.1f} s, trials "
+                + " ".join(f"{t:.1f}" for t in times)
+                + f" s; total {passes[-1]:.1f} s"
+                + load_note(),
+                flush=True,
+            )
 
         bare_pass()
         for runner in runners:
@@ -523,25 +587,38 @@ def part_b(args: argparse.Namespace) -> bool:
             finally:
                 os.chdir(cwd)
             results[runner] = time.perf_counter() - start
-            print(f"  ray {runner}: {results[runner]:.1f} s wall (summary.wall_s "
-                  f"{summary.wall_s:.1f}); trials {summary.num_trials}, errors "
-                  f"{summary.num_errors}{load_note()}", flush=True)
+            print(
+                f"  ray {runner}: {results[runner]:.1f} s wall (summary.wall_s "
+                f"{summary.wall_s:.1f}); trials {summary.num_trials}, errors "
+                f"{summary.num_errors}{load_note()}",
+                flush=True,
+            )
             if args.bare_between:
                 bare_pass()
     print()
-    header = ("trial runner", "N", "bare loop (s)", "through Ray (s)", "ratio Ray/bare",
-              "overhead per trial (s)")
+    header = (
+        "trial runner",
+        "N",
+        "bare loop (s)",
+        "through Ray (s)",
+        "ratio Ray/bare",
+        "overhead per trial (s)",
+    )
     rows = []
     for i, (runner, t) in enumerate(results.items()):
         # the bare passes run right before and after this search (noise drifts over minutes)
-        near = passes[i:i + 2] if args.bare_between else passes
+        near = passes[i : i + 2] if args.bare_between else passes
         ref = statistics.mean(near)
-        rows.append((runner, str(n), f"{ref:.1f}", f"{t:.1f}", f"{t / ref:.2f}",
-                     f"{(t - ref) / n:+.1f}"))
+        rows.append(
+            (runner, str(n), f"{ref:.1f}", f"{t:.1f}", f"{t / ref:.2f}", f"{(t - ref) / n:+.1f}")
+        )
     print_table(header, rows)
-    print(f"(bare loop = mean of the bare passes run just before and after that search; "
-          f"median bare trial {statistics.median(bare):.1f} s over {len(bare)}; "
-          f"Part B took {time.perf_counter() - t0:.0f} s)", flush=True)
+    print(
+        f"(bare loop = mean of the bare passes run just before and after that search; "
+        f"median bare trial {statistics.median(bare):.1f} s over {len(bare)}; "
+        f"Part B took {time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
     return True
 
 
@@ -549,10 +626,14 @@ def part_b(args: argparse.Namespace) -> bool:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--skip-steps", action="store_true",
-                   help="skip Part A (PT vs DePT step time, inference, memory)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    p.add_argument(
+        "--skip-steps",
+        action="store_true",
+        help="skip Part A (PT vs DePT step time, inference, memory)",
+    )
     p.add_argument("--skip-ray", action="store_true", help="skip Part B (Ray vs the bare loop)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (A and bare B)")
     a = p.add_argument_group("Part A")
@@ -565,12 +646,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.add_argument("--num-batches", type=int, default=4, help="distinct batches cycled through")
     a.add_argument("--warmup", type=int, default=2, help="untimed training steps per method")
     a.add_argument("--steps", type=int, default=10, help="timed training steps per method")
-    a.add_argument("--infer-batches", type=int, default=10,
-                   help="timed no-grad forwards per method")
-    a.add_argument("--memory-repeats", type=int, default=2,
-                   help="fresh subprocesses per method for peak memory (0: skip memory)")
-    a.add_argument("--memory-steps", type=int, default=2,
-                   help="training steps per memory subprocess")
+    a.add_argument(
+        "--infer-batches", type=int, default=10, help="timed no-grad forwards per method"
+    )
+    a.add_argument(
+        "--memory-repeats",
+        type=int,
+        default=2,
+        help="fresh subprocesses per method for peak memory (0: skip memory)",
+    )
+    a.add_argument(
+        "--memory-steps", type=int, default=2, help="training steps per memory subprocess"
+    )
     b = p.add_argument_group("Part B")
     b.add_argument("--ray-trials", type=int, default=4, help="N: search.num_samples")
     b.add_argument("--ray-model", default="minilm")
@@ -579,12 +666,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     b.add_argument("--ray-eval-every", type=int, default=20, help="train.eval_every")
     b.add_argument("--ray-train-examples", type=int, default=640)
     b.add_argument("--ray-eval-examples", type=int, default=200)
-    b.add_argument("--ray-max-concurrent", type=int, default=None,
-                   help="search.max_concurrent (default: the tool's, CPUs per trial)")
-    b.add_argument("--ray-runners", default="in_process,ray_train",
-                   help="comma-separated resources.trial_runner values")
-    b.add_argument("--no-bare-between", dest="bare_between", action="store_false",
-                   help="one bare pass before the Ray runs instead of one around each")
+    b.add_argument(
+        "--ray-max-concurrent",
+        type=int,
+        default=None,
+        help="search.max_concurrent (default: the tool's, CPUs per trial)",
+    )
+    b.add_argument(
+        "--ray-runners",
+        default="in_process,ray_train",
+        help="comma-separated resources.trial_runner values",
+    )
+    b.add_argument(
+        "--no-bare-between",
+        dest="bare_between",
+        action="store_false",
+        help="one bare pass before the Ray runs instead of one around each",
+    )
     # hidden: the memory subprocess
     p.add_argument("--_memory-worker", choices=METHODS, help=argparse.SUPPRESS)
     p.add_argument("--_batches", help=argparse.SUPPRESS)

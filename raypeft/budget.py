@@ -34,6 +34,11 @@ def dept_rank_for_budget(
     return (budget_prompt_length - prompt_length) * hidden_size // (max_length + hidden_size)
 
 
+def dept_rank_for_params(budget: int, prompt_length: int, max_length: int, hidden_size: int) -> int:
+    """Largest rank ``r`` with ``m·d + (s+d)·r <= budget`` (may be < 1: does not fit)."""
+    return (budget - prompt_length * hidden_size) // (max_length + hidden_size)
+
+
 @dataclass(frozen=True)
 class BudgetRow:
     """One DePT configuration that fits a PT-equivalent budget."""

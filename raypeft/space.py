@@ -9,9 +9,11 @@ budget) are computed from the sampled ones, never sampled, and returned as const
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import optuna
+from pydantic import ValidationError
 
 from raypeft.config import (
     ChoiceParam,
@@ -23,7 +25,7 @@ from raypeft.config import (
     UniformParam,
     apply_trial_params,
 )
-from raypeft.methods import BackboneDims
+from raypeft.methods import BackboneDims, MethodConfig
 
 DERIVED_PREFIX = "derived."
 
@@ -71,3 +73,28 @@ def trial_config(cfg: ExperimentConfig, tune_config: dict[str, Any]) -> Experime
     """A trial's full config from Tune's flat ``{key: value}`` (derived keys dropped)."""
     sampled = {k: v for k, v in tune_config.items() if not k.startswith(DERIVED_PREFIX)}
     return apply_trial_params(cfg, sampled)
+
+
+def candidate_methods(cfg: ExperimentConfig, limit: int = 4096) -> list[MethodConfig]:
+    """Every method config the space can produce, up to continuous values.
+
+    Categorical ``method.*`` keys (grid and choice) are enumerated jointly; continuous ones
+    keep the file's value. The driver uses this to compute each distinct per-example
+    feature (e.g. IDPG's sentence encodings) once, before any trial starts.
+    """
+    keys = [
+        k
+        for k, p in cfg.space.items()
+        if k.startswith("method.") and isinstance(p, (GridParam, ChoiceParam))
+    ]
+    values = [
+        cfg.space[k].grid if isinstance(cfg.space[k], GridParam) else cfg.space[k].choice
+        for k in keys
+    ]
+    methods = [cfg.method]
+    for combo in itertools.islice(itertools.product(*values), limit):
+        try:
+            methods.append(apply_trial_params(cfg, dict(zip(keys, combo, strict=True))).method)
+        except ValidationError:
+            continue  # a combination the method rejects never becomes a trial
+    return methods

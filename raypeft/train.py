@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import yaml
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 from transformers import get_linear_schedule_with_warmup
 
-from raypeft.backbones import load_backbone
+from raypeft.backbones import load_backbone, load_tokenizer
 from raypeft.config import ExperimentConfig
 from raypeft.data import TokenizedTask
 from raypeft.data.metrics import METRIC_MODE, compute_metrics
@@ -37,7 +37,11 @@ class NonFiniteLossError(RuntimeError):
 def build_model(cfg: ExperimentConfig, task: TokenizedTask) -> PromptedModel:
     """Frozen backbone + head + the configured method, seeded by ``train.seed``."""
     backbone = load_backbone(cfg.model, task.num_labels, task.spec.problem, seed=cfg.train.seed)
-    return PromptedModel(backbone, cfg.method)
+    model = PromptedModel(backbone, cfg.method)
+    if model.kind == "seq2seq":
+        model.verbalizers = task.verbalizers
+        model.tokenizer = load_tokenizer(cfg.model.name, cfg.model.revision)
+    return model
 
 
 def build_optimizer(model: PromptedModel, cfg: ExperimentConfig) -> torch.optim.AdamW:
@@ -56,27 +60,59 @@ def build_optimizer(model: PromptedModel, cfg: ExperimentConfig) -> torch.optim.
     )
 
 
-def _tensors(arrays: dict[str, np.ndarray]) -> TensorDataset:
-    keys = ["input_ids", "attention_mask", "token_type_ids", "labels"]
-    return TensorDataset(*(torch.from_numpy(np.array(arrays[k])) for k in keys if k in arrays))
+def ensure_features(task: TokenizedTask, cfg: ExperimentConfig) -> None:
+    """Compute the method's per-example features the task does not hold yet.
+
+    In a search the driver has computed them once for every trial (see
+    :func:`raypeft.tune.precompute_features`); this covers direct use (tests, scripts).
+    """
+    for spec in cfg.method.feature_specs().values():
+        if spec.key not in task.features:
+            task.features[spec.key] = {
+                split: spec.compute(task.texts[split], arrays, cfg.model)
+                for split, arrays in task.splits.items()
+            }
 
 
-def _batch_kwargs(batch: list[torch.Tensor], device: torch.device) -> tuple[dict, torch.Tensor]:
-    *inputs, labels = (t.to(device) for t in batch)
-    names = ["input_ids", "attention_mask", "token_type_ids"][: len(inputs)]
-    return dict(zip(names, inputs, strict=True)), labels
+class ArrayDataset(Dataset):
+    """One split as a dataset of dicts; ``features`` holds the method's per-example inputs."""
+
+    KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "target_ids")
+
+    def __init__(self, arrays: dict[str, np.ndarray], features: dict[str, np.ndarray]):
+        self.arrays = {k: arrays[k] for k in self.KEYS if k in arrays}
+        self.features = features
+
+    def __len__(self) -> int:
+        return len(self.arrays["labels"])
+
+    def __getitem__(self, i: int) -> dict:
+        item = {k: torch.as_tensor(np.asarray(v[i])) for k, v in self.arrays.items()}
+        if self.features:
+            item["features"] = {
+                k: torch.as_tensor(np.asarray(v[i])) for k, v in self.features.items()
+            }
+        return item
 
 
-def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    if logits.shape[-1] == 1:  # regression head
-        return torch.nn.functional.mse_loss(logits.squeeze(-1), labels)
-    return torch.nn.functional.cross_entropy(logits, labels)
+def split_dataset(task: TokenizedTask, cfg: ExperimentConfig, split: str) -> ArrayDataset:
+    """A split with the features the trial's method asked for, under the method's names."""
+    specs = cfg.method.feature_specs()
+    features = {name: task.features[spec.key][split] for name, spec in specs.items()}
+    return ArrayDataset(task.splits[split], features)
+
+
+def _to_device(batch: dict, device: torch.device) -> dict:
+    out = {}
+    for key, value in batch.items():
+        out[key] = _to_device(value, device) if isinstance(value, dict) else value.to(device)
+    return out
 
 
 @torch.no_grad()
 def evaluate(
-    model: torch.nn.Module,
-    arrays: dict[str, np.ndarray],
+    model: PromptedModel,
+    dataset: ArrayDataset,
     metric_names: tuple[str, ...],
     batch_size: int,
     device: torch.device,
@@ -84,18 +120,18 @@ def evaluate(
     """Metrics of the current weights on one split, plus its loss and samples/s."""
     was_training = model.training
     model.eval()
-    logits, labels, loss_sum = [], [], 0.0
+    outputs, labels, loss_sum = [], [], 0.0
     start = time.perf_counter()
-    for batch in DataLoader(_tensors(arrays), batch_size=batch_size):
-        kwargs, y = _batch_kwargs(batch, device)
-        out = model(**kwargs).float()
-        loss_sum += loss_fn(out, y).item() * len(y)
-        logits.append(out.cpu().numpy())
+    for batch in DataLoader(dataset, batch_size=batch_size):
+        batch = _to_device(batch, device)
+        y = batch["labels"]
+        loss_sum += model(**batch).loss.item() * len(y)
+        outputs.append(model.predict(**batch))
         labels.append(y.cpu().numpy())
     elapsed = time.perf_counter() - start
     model.train(was_training)
     y_all = np.concatenate(labels)
-    metrics = compute_metrics(metric_names, np.concatenate(logits), y_all)
+    metrics = compute_metrics(metric_names, np.concatenate(outputs), y_all)
     metrics["loss"] = loss_sum / len(y_all)
     metrics["samples_per_s"] = len(y_all) / elapsed
     return metrics
@@ -120,6 +156,7 @@ def train(
     """
     device = device or torch.device("cpu")
     torch.manual_seed(cfg.train.seed)
+    ensure_features(task, cfg)
     model = build_model(cfg, task).to(device)
     optimizer = build_optimizer(model, cfg)
     steps = cfg.train.max_steps
@@ -130,7 +167,8 @@ def train(
 
     metric = cfg.search.metric or task.spec.primary_metric
     sign = 1 if (cfg.search.mode or METRIC_MODE.get(metric, "max")) == "max" else -1
-    train_set = _tensors(task.splits["train"])
+    train_set = split_dataset(task, cfg, "train")
+    val_set = split_dataset(task, cfg, "validation")
     per_worker = max(1, cfg.train.batch_size // world_size)  # global batch split over workers
     sampler = (
         DistributedSampler(train_set, world_size, rank, seed=cfg.train.seed)
@@ -157,8 +195,8 @@ def train(
             sampler.set_epoch(epoch)
         for batch in loader:
             start = time.perf_counter()
-            kwargs, labels = _batch_kwargs(batch, device)
-            loss = loss_fn(trained(**kwargs), labels)
+            batch = _to_device(batch, device)
+            loss = trained(**batch).loss
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(f"training loss is {loss.item()} at step {step + 1}")
             optimizer.zero_grad(set_to_none=True)
@@ -168,12 +206,12 @@ def train(
             optimizer.step()
             scheduler.step()
             train_time += time.perf_counter() - start
-            step, seen = step + 1, seen + len(labels) * world_size
+            step, seen = step + 1, seen + len(batch["labels"]) * world_size
             loss_window.append(loss.item())
             if step % cfg.train.eval_every == 0 or step == steps:
                 val = evaluate(
                     model,
-                    task.splits["validation"],
+                    val_set,
                     task.spec.metrics,
                     cfg.train.eval_batch_size,
                     device,

@@ -28,7 +28,7 @@ from raypeft.backbones import backbone_dims, load_config
 from raypeft.config import ConfigError, ExperimentConfig
 from raypeft.data import TokenizedTask, prepare_task
 from raypeft.data.metrics import METRIC_MODE
-from raypeft.space import DefineByRun, trial_config
+from raypeft.space import DefineByRun, candidate_methods, trial_config
 from raypeft.tracking import (
     DEFAULT_TRACKING_URI,
     MLflowTrialCallback,
@@ -36,7 +36,7 @@ from raypeft.tracking import (
     open_experiment,
     start_parent_run,
 )
-from raypeft.train import evaluate, load_checkpoint, train
+from raypeft.train import evaluate, load_checkpoint, split_dataset, train
 
 # The Tune function that drives a Ray Train run needs no CPU of its own; Ray rejects an
 # all-zero request, so it asks for a sliver of memory instead (works on any cluster).
@@ -265,13 +265,35 @@ def _build_tuner(cfg, data_ref, dims, tune_metric: str, mode: str, tracker, name
     )
 
 
+def precompute_features(cfg: ExperimentConfig, data: TokenizedTask, say=print) -> None:
+    """Compute every per-example feature any trial can ask for, once, on the driver.
+
+    IDPG's sentence encodings do not depend on trained parameters, so each distinct one is
+    computed here for every split and shipped with the task to all trials; no trial runs
+    the extra forward pass.
+    """
+    specs = {}
+    for method in candidate_methods(cfg):
+        for spec in method.feature_specs().values():
+            specs[spec.key] = spec
+    for key, spec in specs.items():
+        if key in data.features:
+            continue
+        start = time.perf_counter()
+        data.features[key] = {
+            split: spec.compute(data.texts[split], arrays, cfg.model)
+            for split, arrays in data.splits.items()
+        }
+        say(f"  computed {key} once for all trials ({time.perf_counter() - start:.1f} s)")
+
+
 def score_on_test(cfg: ExperimentConfig, data: TokenizedTask, folder: Path) -> dict[str, float]:
     """Evaluate a checkpoint once on the test split (the chosen configuration only)."""
     torch.set_num_threads(os.cpu_count() or 1)
-    _, model = load_checkpoint(folder, data)
+    trial_cfg, model = load_checkpoint(folder, data)
     scores = evaluate(
         model,
-        data.splits["test"],
+        split_dataset(data, trial_cfg, "test"),
         data.spec.metrics,
         cfg.train.eval_batch_size,
         torch.device("cpu"),
@@ -313,6 +335,7 @@ def run_experiment(
     dims = backbone_dims(config, cfg.model.max_length)
     sizes = "/".join(str(data.size(split)) for split in ("train", "validation", "test"))
     say(f"  train/validation/test: {sizes} examples, {data.num_labels} labels, {metric} ({mode})")
+    precompute_features(cfg, data, say)
 
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     client = MlflowClient(tracking_uri=uri)

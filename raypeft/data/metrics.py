@@ -20,8 +20,11 @@ def _corr(fn) -> Callable[[np.ndarray, np.ndarray], float]:
 
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
     "accuracy": lambda p, y: float(accuracy_score(y, p)),
-    "f1": lambda p, y: float(f1_score(y, p, average="binary")),
-    "macro_f1": lambda p, y: float(f1_score(y, p, average="macro")),
+    # `labels=` keeps a generated "no class" prediction (-1) out of the classes averaged
+    "f1": lambda p, y: float(f1_score(y, p, labels=[1], average="micro", zero_division=0)),
+    "macro_f1": lambda p, y: float(
+        f1_score(y, p, labels=np.unique(y), average="macro", zero_division=0)
+    ),
     "matthews_correlation": lambda p, y: float(matthews_corrcoef(y, p)),
     "pearson": _corr(pearsonr),
     "spearmanr": _corr(spearmanr),
@@ -32,8 +35,20 @@ METRIC_MODE = {**{name: "max" for name in METRICS}, "loss": "min"}
 
 
 def compute_metrics(
-    names: tuple[str, ...], logits: np.ndarray, labels: np.ndarray
+    names: tuple[str, ...], outputs: np.ndarray, labels: np.ndarray
 ) -> dict[str, float]:
-    """Metrics from raw head outputs: argmax for classification, the value for regression."""
-    preds = logits[:, 0] if logits.shape[1] == 1 else logits.argmax(-1)
+    """Metrics from model outputs.
+
+    ``outputs`` is ``(n, labels)`` head outputs (argmax for classification, the value for a
+    one-column regression head), or ``(n,)`` predictions already made: class ids from
+    generated text (-1 counts as wrong) or generated numbers (NaN: not a number, scored as
+    the mean of the parsed ones).
+    """
+    if outputs.ndim == 2:
+        preds = outputs[:, 0] if outputs.shape[1] == 1 else outputs.argmax(-1)
+    else:
+        preds = outputs
+        if np.issubdtype(preds.dtype, np.floating) and np.isnan(preds).any():
+            fill = float(np.nanmean(preds)) if not np.isnan(preds).all() else 0.0
+            preds = np.where(np.isnan(preds), fill, preds)
     return {name: METRICS[name](preds, labels) for name in names}

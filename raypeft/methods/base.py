@@ -11,26 +11,57 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
+
+BackboneKind = Literal["encoder", "seq2seq", "decoder"]
 
 
 @dataclass(frozen=True)
 class BackboneDims:
-    """The backbone facts a method needs: hidden size ``d``, layers ``N``, vocab ``V``, ``s``."""
+    """The backbone facts a method needs: hidden size ``d``, layers ``N``, vocab ``V``, ``s``.
+
+    ``kind`` says where prompts go: ``encoder`` (BERT/RoBERTa, classification head),
+    ``seq2seq`` (T5: prompts on the encoder input, labels as text) or ``decoder``
+    (GPT-2/LLaMA, classification head on the last token). ``num_layers`` counts the layers
+    prompts can enter (a seq2seq model's encoder layers). ``kv_size`` is the width of one
+    layer's keys (``heads_kv · head_dim``; smaller than ``d`` with grouped-query attention).
+    """
 
     hidden_size: int
     num_layers: int
     vocab_size: int
     max_length: int
+    kind: BackboneKind = "encoder"
+    num_heads: int = 1
+    kv_heads: int | None = None
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def kv_size(self) -> int:
+        return (self.kv_heads or self.num_heads) * self.head_dim
 
 
 class MethodConfig(BaseModel):
-    """Base of every method's config. Subclasses set ``name: Literal["..."]``."""
+    """Base of every method's config. Subclasses set ``name: Literal["..."]``.
+
+    ``budget_params`` (a trainable-parameter budget, task head excluded) makes the method
+    derive its size knob in :meth:`resolve`: the largest setting whose count fits the budget
+    (PT's ``l``, DePT's ``r``, deep prompts' ``t``, IDPG's generator width, IPT's encoder
+    width). :meth:`budget_options` lists the settings that fit, for ``raypeft budget``.
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     name: str
+    budget_params: int | None = Field(
+        None,
+        ge=1,
+        description="trainable-parameter budget: the method's size knob is derived from it",
+    )
 
     def resolve(self, dims: BackboneDims) -> MethodConfig:
         """Return a copy with derived knobs filled in (e.g. DePT's rank from its budget)."""
@@ -47,6 +78,57 @@ class MethodConfig(BaseModel):
     def derived(self) -> dict[str, Any]:
         """Knobs computed by :meth:`resolve` rather than chosen (logged as params)."""
         return {}
+
+    def feature_specs(self) -> dict[str, FeatureSpec]:
+        """Per-example inputs computed once per experiment, before any trial (by name)."""
+        return {}
+
+    def check_backbone(self, dims: BackboneDims) -> None:
+        """Raise ``ValueError`` (one line) if the method cannot run on this backbone."""
+
+    def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
+        """Settings of this method's size knob whose count fits ``budget`` (others as in self).
+
+        The first option is what :meth:`resolve` picks for ``budget_params=budget``.
+        """
+        raise NotImplementedError
+
+    def warm_up(self, model_cfg: Any) -> None:
+        """Build shared artefacts once, on the driver, before trials start (e.g. IPT's
+        pretrained prompt table, cached on disk). Most methods need nothing."""
+
+
+@dataclass(frozen=True)
+class BudgetOption:
+    """One setting of a method that fits a trainable-parameter budget."""
+
+    method: str
+    settings: dict[str, Any]  # the size knobs, e.g. {"prompt_length": 40, "rank": 45}
+    params: int
+    budget: int
+
+    @property
+    def slack(self) -> int:
+        """What the setting leaves unused of the budget (>= 0)."""
+        return self.budget - self.params
+
+
+class FeatureSpec(BaseModel):
+    """A per-example array that does not depend on trained parameters (IDPG's ``M(x)``).
+
+    ``key`` identifies the computation: trials whose specs share a key share one array,
+    computed once on the driver. Subclasses implement :meth:`compute`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    @property
+    def key(self) -> str:
+        return f"{type(self).__name__}:{self.model_dump_json()}"
+
+    def compute(self, texts: list[str], arrays: dict[str, Any], model_cfg: Any) -> Any:
+        """A ``(n, width)`` float32 array for one split: its texts and tokenised arrays."""
+        raise NotImplementedError
 
 
 class PromptMethod(nn.Module):
@@ -69,9 +151,26 @@ class PromptMethod(nn.Module):
         attention_mask: torch.Tensor,
         token_type_ids: torch.Tensor | None,
         embed: nn.Embedding,
-    ) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the backbone's forward (``inputs_embeds``, masks...)."""
+        features: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, Any]:
+        """Keyword arguments for the backbone's forward (``inputs_embeds``, masks...).
+
+        ``features`` holds the per-example tensors the config asked for in
+        :meth:`MethodConfig.feature_specs` (e.g. IDPG's cached sentence encodings).
+        """
         raise NotImplementedError
+
+    def layer_prompt(self, layer: int, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """Vectors ``(batch or 1, t, d)`` that replace positions ``[0, t)`` at the input of
+        transformer layer ``layer`` (1..N-1), or None to leave the layer alone.
+
+        Only called when the class sets ``uses_layer_prompts``; positions ``[0, t)`` hold the
+        prompt this method prepended at the input layer. ``hidden_states`` is that layer's
+        input, for methods that generate from the previous layer's output.
+        """
+        return None
+
+    uses_layer_prompts: ClassVar[bool] = False
 
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)

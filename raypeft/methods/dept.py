@@ -14,9 +14,10 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from raypeft.budget import dept_params, dept_rank_for_budget
+from raypeft.budget import dept_params, dept_rank_for_params, prompt_tuning_params
 from raypeft.methods.base import (
     BackboneDims,
+    BudgetOption,
     MethodConfig,
     PromptMethod,
     init_prompt,
@@ -46,8 +47,14 @@ class DePTConfig(MethodConfig):
 
     @model_validator(mode="after")
     def _rank_or_budget(self) -> DePTConfig:
-        if self.rank is None and self.budget_prompt_length is None:
-            raise ValueError("one of `rank` and `budget_prompt_length` must be set")
+        if self.rank is None and self.budget_prompt_length is None and self.budget_params is None:
+            raise ValueError(
+                "one of `rank`, `budget_prompt_length` and `budget_params` must be set"
+            )
+        if self.budget_prompt_length is not None and self.budget_params is not None:
+            raise ValueError(
+                "set `budget_prompt_length` (a PT length) or `budget_params` (a count), not both"
+            )
         if (
             self.budget_prompt_length is not None
             and self.prompt_length >= self.budget_prompt_length
@@ -59,25 +66,34 @@ class DePTConfig(MethodConfig):
             )
         return self
 
+    def budget(self, dims: BackboneDims) -> int | None:
+        """The trainable-parameter budget, if one is set (``l·d`` for a PT length)."""
+        if self.budget_prompt_length is not None:
+            return prompt_tuning_params(self.budget_prompt_length, dims.hidden_size)
+        return self.budget_params
+
     def resolve(self, dims: BackboneDims) -> DePTConfig:
-        if self.budget_prompt_length is None:
+        budget = self.budget(dims)
+        if budget is None:
             return self
-        r = dept_rank_for_budget(
-            self.budget_prompt_length, self.prompt_length, dims.max_length, dims.hidden_size
+        r = dept_rank_for_params(budget, self.prompt_length, dims.max_length, dims.hidden_size)
+        what = (
+            f"PT with l={self.budget_prompt_length}"
+            if self.budget_prompt_length is not None
+            else f"budget_params={budget}"
         )
         if r < 1:
             raise ValueError(
-                f"the budget of PT with l={self.budget_prompt_length} leaves rank r={r} for "
+                f"the budget of {what} leaves rank r={r} for "
                 f"m={self.prompt_length} (d={dims.hidden_size}, s={dims.max_length}); "
                 "`r >= 1` must hold: lower prompt_length or raise budget_prompt_length"
             )
         if self.rank is not None and self.rank != r:
             # a resolved config records the derived rank; a different one is a contradiction
             raise ValueError(
-                f"rank={self.rank} contradicts the budget of PT with "
-                f"l={self.budget_prompt_length}, which gives r={r} for m={self.prompt_length} "
-                f"(d={dims.hidden_size}, "
-                f"s={dims.max_length}); set rank or budget_prompt_length, not both"
+                f"rank={self.rank} contradicts the budget of {what}, which gives r={r} for "
+                f"m={self.prompt_length} (d={dims.hidden_size}, s={dims.max_length}); "
+                "set rank or a budget, not both"
             )
         return self.model_copy(update={"rank": r})
 
@@ -89,7 +105,27 @@ class DePTConfig(MethodConfig):
         return dept_params(self.prompt_length, rank, dims.max_length, dims.hidden_size)
 
     def derived(self) -> dict[str, Any]:
-        return {"rank": self.rank} if self.budget_prompt_length is not None else {}
+        budgeted = self.budget_prompt_length is not None or self.budget_params is not None
+        return {"rank": self.rank} if budgeted else {}
+
+    def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
+        """Every ``m`` (multiples of a tenth of PT's length at this budget) with its ``r``;
+        this config's own ``m`` first."""
+        d, s = dims.hidden_size, dims.max_length
+        pt_length = budget // d
+        step = max(1, pt_length // 10)
+        lengths = [self.prompt_length] + [
+            m for m in range(step, pt_length, step) if m != self.prompt_length
+        ]
+        options = []
+        for m in lengths:
+            r = dept_rank_for_params(budget, m, s, d)
+            if r >= 1:
+                params = dept_params(m, r, s, d)
+                options.append(
+                    BudgetOption(self.name, {"prompt_length": m, "rank": r}, params, budget)
+                )
+        return options
 
 
 @register_method
@@ -111,7 +147,7 @@ class DePT(PromptMethod):
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         return {"prompt": [self.prompt], "lowrank": [self.lora_a, self.lora_b]}
 
-    def prepare_inputs(self, input_ids, attention_mask, token_type_ids, embed):
+    def prepare_inputs(self, input_ids, attention_mask, token_type_ids, embed, features=None):
         if input_ids.shape[1] != self.dims.max_length:
             raise ValueError(
                 f"DePT needs inputs padded to exactly s={self.dims.max_length} tokens, "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 from torch import nn
@@ -10,6 +10,7 @@ from torch import nn
 from raypeft.budget import prompt_tuning_params
 from raypeft.methods.base import (
     BackboneDims,
+    BudgetOption,
     MethodConfig,
     PromptMethod,
     init_prompt,
@@ -19,7 +20,10 @@ from raypeft.methods.base import (
 
 
 class PromptTuningConfig(MethodConfig):
-    """Soft prompt ``P ∈ R^{l×d}`` prepended to the word embeddings."""
+    """Soft prompt ``P ∈ R^{l×d}`` prepended to the word embeddings.
+
+    With ``budget_params``, ``l = floor(budget / d)`` replaces ``prompt_length``.
+    """
 
     name: Literal["pt"] = "pt"
     prompt_length: int = Field(100, ge=1, description="l: number of soft-prompt tokens")
@@ -29,11 +33,32 @@ class PromptTuningConfig(MethodConfig):
     )
     init_seed: int = Field(0, description="seed of the prompt initialisation")
 
+    def resolve(self, dims: BackboneDims) -> PromptTuningConfig:
+        if self.budget_params is None:
+            return self
+        length = self.budget_params // dims.hidden_size
+        if length < 1:
+            raise ValueError(
+                f"budget_params={self.budget_params} is below one prompt token "
+                f"(d={dims.hidden_size}); `budget_params >= d` must hold"
+            )
+        return self.model_copy(update={"prompt_length": length})
+
     def learning_rates(self) -> dict[str, float]:
         return {"prompt": self.lr}
 
     def num_params(self, dims: BackboneDims) -> int:
-        return prompt_tuning_params(self.prompt_length, dims.hidden_size)
+        return prompt_tuning_params(self.resolve(dims).prompt_length, dims.hidden_size)
+
+    def derived(self) -> dict[str, Any]:
+        return {"prompt_length": self.prompt_length} if self.budget_params is not None else {}
+
+    def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
+        length = budget // dims.hidden_size
+        if length < 1:
+            return []
+        params = prompt_tuning_params(length, dims.hidden_size)
+        return [BudgetOption(self.name, {"prompt_length": length}, params, budget)]
 
 
 @register_method
@@ -44,6 +69,7 @@ class PromptTuning(PromptMethod):
         self, config: PromptTuningConfig, dims: BackboneDims, word_embeddings: nn.Embedding
     ):
         super().__init__(config, dims, word_embeddings)
+        config = config.resolve(dims)
         self.prompt = nn.Parameter(
             init_prompt(config.prompt_length, word_embeddings, config.init, config.init_seed)
         )
@@ -51,7 +77,7 @@ class PromptTuning(PromptMethod):
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         return {"prompt": [self.prompt]}
 
-    def prepare_inputs(self, input_ids, attention_mask, token_type_ids, embed):
+    def prepare_inputs(self, input_ids, attention_mask, token_type_ids, embed, features=None):
         inputs_embeds = embed(input_ids)
         prompt = self.prompt.to(inputs_embeds.dtype)
         return prepend_prompt(prompt, inputs_embeds, attention_mask, token_type_ids)

@@ -12,7 +12,8 @@ from raypeft.methods import BackboneDims, build_method
 from raypeft.methods.dept import DePT, DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuning, PromptTuningConfig
 from raypeft.model import TRAINABLE_FILE, PromptedModel
-from raypeft.train import build_optimizer, loss_fn
+from raypeft.model import head_loss as loss_fn
+from raypeft.train import build_optimizer
 
 NUM_LABELS = 2
 HEAD_SIZE = 32 * NUM_LABELS + NUM_LABELS  # tiny-bert classifier: d·k + k
@@ -47,12 +48,12 @@ def method_tensors(model: PromptedModel) -> dict[str, torch.Tensor]:
 
 def test_logits_shape(tiny_backbone, tiny_batch, method_cfg):
     model = PromptedModel(tiny_backbone(), method_cfg)
-    logits = model(**tiny_batch(batch=5))
+    logits = model(**tiny_batch(batch=5)).logits
     assert logits.shape == (5, NUM_LABELS)
     assert torch.isfinite(logits).all()
     # without token_type_ids too
     batch = tiny_batch(batch=3)
-    assert model(batch["input_ids"], batch["attention_mask"]).shape == (3, NUM_LABELS)
+    assert model(batch["input_ids"], batch["attention_mask"]).logits.shape == (3, NUM_LABELS)
 
 
 def test_only_head_and_method_train(tiny_backbone, method_cfg):
@@ -109,7 +110,7 @@ def test_dept_resolved_config_is_stable(tiny_backbone, tiny_batch):
     b = PromptedModel(tiny_backbone(), resolved)
     assert all(torch.equal(v, b.method.state_dict()[k]) for k, v in a.method.state_dict().items())
     batch = tiny_batch()
-    assert torch.equal(a(**batch), b(**batch))
+    assert torch.equal(a(**batch).logits, b(**batch).logits)
     with pytest.raises(ValueError, match="rank=3 contradicts"):
         PromptedModel(tiny_backbone(), cfg.model_copy(update={"rank": 3}))
 
@@ -125,7 +126,7 @@ def test_dept_at_init_equals_pt(tiny_backbone, tiny_batch, dept_cfg):
     assert dept.method.lora_a.abs().sum() > 0
     assert torch.equal(dept.method.prompt, pt.method.prompt)
     batch = tiny_batch()
-    assert torch.equal(dept(**batch), pt(**batch))
+    assert torch.equal(dept(**batch).logits, pt(**batch).logits)
 
 
 def test_dept_applies_lowrank_offset_for_classification(tiny_backbone, tiny_batch):
@@ -135,7 +136,7 @@ def test_dept_applies_lowrank_offset_for_classification(tiny_backbone, tiny_batc
     with torch.no_grad():
         dept.method.lora_b.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
     batch = tiny_batch()
-    assert not torch.allclose(dept(**batch), pt(**batch), atol=1e-4)
+    assert not torch.allclose(dept(**batch).logits, pt(**batch).logits, atol=1e-4)
     # the offset is exactly A·B added to the word embeddings of the s input positions
     embed = dept.backbone.get_input_embeddings()
     kwargs = dept.method.prepare_inputs(
@@ -182,14 +183,14 @@ def _train_steps(model, cfg, batch, labels, steps):
     model.train()
     losses = []
     for _ in range(steps):
-        loss = loss_fn(model(**batch), labels)
+        loss = loss_fn(model(**batch).logits, labels)
         opt.zero_grad()
         loss.backward()
         opt.step()
         losses.append(loss.item())
     model.eval()
     with torch.no_grad():
-        losses.append(loss_fn(model(**batch), labels).item())
+        losses.append(loss_fn(model(**batch).logits, labels).item())
     return losses
 
 
@@ -234,10 +235,10 @@ def test_dept_rejects_unpadded_inputs(tiny_backbone, tiny_batch):
     model = PromptedModel(tiny_backbone(), METHOD_CONFIGS["dept-rank"])
     for length in (10, 20):
         with pytest.raises(ValueError, match=rf"exactly s=16 tokens, got {length}"):
-            model(**tiny_batch(length=length))
+            model(**tiny_batch(length=length)).logits
     # PT has no per-position parameter: any length works
     pt = PromptedModel(tiny_backbone(), METHOD_CONFIGS["pt"])
-    assert pt(**tiny_batch(length=10)).shape == (4, NUM_LABELS)
+    assert pt(**tiny_batch(length=10)).logits.shape == (4, NUM_LABELS)
 
 
 def _perturb(model: PromptedModel, seed: int = 3) -> None:
@@ -253,7 +254,7 @@ def test_save_load_round_trip(tmp_path, tiny_backbone, tiny_batch, method_cfg):
     _perturb(model)  # differ from a fresh init everywhere (DePT's B included)
     batch = tiny_batch()
     model.eval()
-    expected = model(**batch)
+    expected = model(**batch).logits
     path = model.save_trainable(tmp_path)
     assert path == tmp_path / TRAINABLE_FILE and path.is_file()
     from safetensors.torch import load_file
@@ -265,9 +266,9 @@ def test_save_load_round_trip(tmp_path, tiny_backbone, tiny_batch, method_cfg):
     }
     fresh = PromptedModel(tiny_backbone(), method_cfg)
     fresh.eval()
-    assert not torch.equal(fresh(**batch), expected)
+    assert not torch.equal(fresh(**batch).logits, expected)
     fresh.load_trainable(tmp_path)
-    assert torch.equal(fresh(**batch), expected)
+    assert torch.equal(fresh(**batch).logits, expected)
     for key, value in fresh.trainable_state_dict().items():
         assert torch.equal(value, saved[key]), key
 
@@ -307,7 +308,7 @@ def test_regression_head(tiny_backbone, tiny_batch, method_cfg):
     backbone = tiny_backbone(num_labels=1, problem="regression")
     model = PromptedModel(backbone, method_cfg)
     batch = tiny_batch(batch=6)
-    logits = model(**batch)
+    logits = model(**batch).logits
     assert logits.shape == (6, 1)
     assert {n for n, p in model.backbone.named_parameters() if p.requires_grad} == {
         "classifier.weight",
@@ -315,14 +316,14 @@ def test_regression_head(tiny_backbone, tiny_batch, method_cfg):
     }
     targets = torch.linspace(0, 5, 6)
     opt = build_optimizer(model, experiment(method_cfg, head_lr=0.05))
-    first = loss_fn(model(**batch), targets)
+    first = loss_fn(model(**batch).logits, targets)
     assert first.item() == pytest.approx(torch.mean((logits.squeeze(-1) - targets) ** 2).item())
     for _ in range(10):
-        loss = loss_fn(model(**batch), targets)
+        loss = loss_fn(model(**batch).logits, targets)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    assert loss_fn(model(**batch), targets).item() < first.item()
+    assert loss_fn(model(**batch).logits, targets).item() < first.item()
 
 
 def test_train_mode_keeps_backbone_dropout_off(tiny_backbone, tiny_batch):
@@ -332,7 +333,9 @@ def test_train_mode_keeps_backbone_dropout_off(tiny_backbone, tiny_batch):
     # the frozen backbone and its (dropout-free, Linear) head stay in eval mode throughout
     assert not any(module.training for module in model.backbone.modules())
     batch = tiny_batch()
-    assert torch.equal(model(**batch), model(**batch))  # deterministic: no dropout in the backbone
+    assert torch.equal(
+        model(**batch).logits, model(**batch).logits
+    )  # deterministic: no dropout in the backbone
     model.eval()
     assert not model.training and not model.method.training
 

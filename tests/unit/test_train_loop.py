@@ -17,7 +17,14 @@ from raypeft.data.tokenize import TokenizedTask
 from raypeft.methods.dept import DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
 from raypeft.model import TRAINABLE_FILE
-from raypeft.train import CONFIG_FILE, NonFiniteLossError, evaluate, load_checkpoint, train
+from raypeft.train import (
+    CONFIG_FILE,
+    NonFiniteLossError,
+    evaluate,
+    load_checkpoint,
+    split_dataset,
+    train,
+)
 
 S = 16
 
@@ -142,7 +149,8 @@ def test_train_reports_and_checkpoints_best(tmp_path, task, method):
     # the checkpoint rebuilds a model scoring exactly the best validation metrics
     cfg2, model = load_checkpoint(ckpt, task)
     assert cfg2.method.resolve(model.dims) == cfg.method.resolve(model.dims)
-    val = evaluate(model, task.splits["validation"], task.spec.metrics, 16, torch.device("cpu"))
+    val_set = split_dataset(task, cfg2, "validation")
+    val = evaluate(model, val_set, task.spec.metrics, 16, torch.device("cpu"))
     assert val["accuracy"] == best["val_accuracy"]
     assert val["macro_f1"] == best["val_macro_f1"]
     assert val["loss"] == pytest.approx(best["val_loss"], rel=1e-6)
@@ -215,15 +223,17 @@ def test_huge_learning_rate_raises_non_finite(task):
 
 
 def test_non_finite_loss_injected(task, monkeypatch):
-    real_loss = train_mod.loss_fn
+    import raypeft.model as model_mod
+
+    real_loss = model_mod.head_loss
     count = {"n": 0}
 
-    def loss_fn(logits, labels):
+    def head_loss(logits, labels):
         count["n"] += 1
         loss = real_loss(logits, labels)
         return loss * float("inf") if count["n"] == 4 else loss
 
-    monkeypatch.setattr(train_mod, "loss_fn", loss_fn)
+    monkeypatch.setattr(model_mod, "head_loss", head_loss)
     with pytest.raises(NonFiniteLossError, match=r"training loss is inf at step 4"):
         train(experiment(), task, lambda m, c: None)
 
