@@ -202,10 +202,17 @@ def prepend_prompt(
     attention_mask: torch.Tensor,
     token_type_ids: torch.Tensor | None,
 ) -> dict[str, torch.Tensor]:
-    """Prepend a ``(l, d)`` prompt to every sequence; extend the masks with ones/zeros."""
-    batch, length = inputs_embeds.shape[0], prompt.shape[0]
+    """Prepend a prompt to every sequence; extend the masks with ones/zeros.
+
+    ``prompt`` is ``(l, d)`` (one prompt for all, PT) or ``(batch, l, d)`` (one per example,
+    IDPG and IPT).
+    """
+    batch = inputs_embeds.shape[0]
+    if prompt.dim() == 2:
+        prompt = prompt.unsqueeze(0).expand(batch, -1, -1)
+    length = prompt.shape[1]
     out = {
-        "inputs_embeds": torch.cat([prompt.unsqueeze(0).expand(batch, -1, -1), inputs_embeds], 1),
+        "inputs_embeds": torch.cat([prompt.to(inputs_embeds.dtype), inputs_embeds], 1),
         "attention_mask": torch.cat([attention_mask.new_ones(batch, length), attention_mask], 1),
     }
     if token_type_ids is not None:
