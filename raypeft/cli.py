@@ -190,9 +190,16 @@ def validate(file: Path, overrides: tuple[str, ...]) -> None:
     "--prompt-length",
     "-l",
     type=click.IntRange(min=2),
-    default=100,
-    show_default=True,
-    help="PT length l whose l·d parameters are the budget",
+    default=None,
+    help="budget = the l·d parameters of PT with length l (default 100)",
+)
+@click.option(
+    "--params",
+    "-p",
+    "budget_params",
+    type=click.IntRange(min=1),
+    default=None,
+    help="budget as a trainable-parameter count (instead of -l)",
 )
 @click.option(
     "--max-length",
@@ -208,58 +215,77 @@ def validate(file: Path, overrides: tuple[str, ...]) -> None:
     default=None,
     help="hidden size d (default: the model's, else 768 = T5-base)",
 )
-@click.option("--model", default=None, help="read d from this model (Hub id, path or alias)")
+@click.option(
+    "--layers", "-N", type=click.IntRange(min=1), default=None, help="layers N (default 12)"
+)
+@click.option("--vocab-size", "-V", type=click.IntRange(min=1), default=None, help="vocabulary V")
+@click.option("--model", default=None, help="read the shapes from this model (id, path, alias)")
 @click.option(
     "--space",
     "space_file",
     default=None,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="read l, s and the model from an experiment file",
+    help="read the budget, the model and each method's settings from an experiment file",
+)
+@click.option(
+    "--method",
+    "-M",
+    "methods",
+    multiple=True,
+    help="methods to list (default: every registered method)",
 )
 @click.option(
     "-m",
     "prompt_lengths",
     multiple=True,
     type=click.IntRange(min=1),
-    help="DePT prompt lengths m to list (default: multiples of l/10)",
+    help="DePT prompt lengths m to list (default: multiples of a tenth of PT's length)",
 )
 def budget(
-    prompt_length: int,
+    prompt_length: int | None,
+    budget_params: int | None,
     max_length: int | None,
     hidden_size: int | None,
+    layers: int | None,
+    vocab_size: int | None,
     model: str | None,
     space_file: Path | None,
+    methods: tuple[str, ...],
     prompt_lengths: tuple[int, ...],
 ) -> None:
-    """Print DePT's (m, r, count) table at the trainable-parameter budget of PT with length l."""
-    from raypeft.budget import dept_budget_table, prompt_tuning_params
+    """List each method's settings that fit one trainable-parameter budget, with the slack.
+
+    DePT: m and its derived r; PT and deep prompts: t; IDPG: the generator width; IPT: the
+    prompt length or encoder width. Shapes default to T5-base (d=768, N=12, s=256).
+    """
+    from raypeft.budget_report import BudgetRequest, budget_rows
 
     _quiet_libraries()
+    if prompt_length is not None and budget_params is not None:
+        _fail("give the budget as -l (a PT length) or --params (a count), not both")
     try:
-        if space_file is not None:
-            cfg = load_experiment(space_file)
-            model = model or cfg.model.name
-            max_length = max_length or cfg.model.max_length
-            prompt_length = getattr(cfg.method, "budget_prompt_length", None) or prompt_length
-        if hidden_size is None and model is not None:
-            from raypeft.backbones import load_config
-            from raypeft.config import ModelConfig
-
-            hidden_size = load_config(ModelConfig(name=model), 2, "classification").hidden_size
-    except ConfigError as exc:
+        cfg = load_experiment(space_file) if space_file is not None else None
+        request = BudgetRequest(
+            prompt_length=prompt_length,
+            params=budget_params,
+            max_length=max_length,
+            hidden_size=hidden_size,
+            layers=layers,
+            vocab_size=vocab_size,
+            model=model,
+            methods=list(methods),
+            dept_prompt_lengths=list(prompt_lengths),
+        )
+        header, rows = budget_rows(request, cfg)
+    except (ConfigError, ValueError) as exc:
         _fail(str(exc))
-    d, s = hidden_size or 768, max_length or 256
-    ms = list(prompt_lengths) or None
-    if ms and max(ms) >= prompt_length:
-        _fail(f"-m: every m must be < l={prompt_length}, got {max(ms)}")
-    rows = dept_budget_table(prompt_length, s, d, ms)
-    target = prompt_tuning_params(prompt_length, d)
-    click.echo(
-        f"Budget: PT with l={prompt_length}, d={d} -> {target:,} trainable parameters "
-        f"(DePT at s={s}: m·d + (s+d)·r)"
-    )
-    click.echo(f"{'m':>6} {'r':>6} {'params':>12} {'slack':>8}")
-    for row in rows:
-        click.echo(f"{row.prompt_length:>6} {row.rank:>6} {row.params:>12,} {row.slack:>8,}")
-    if not rows:
-        _fail(f"no DePT configuration with r >= 1 fits the budget of l={prompt_length}")
+    click.echo(header)
+    width = max([len(r[1]) for r in rows] + [8])
+    click.echo(f"{'method':<8} {'settings':<{width}} {'params':>12} {'slack':>10}")
+    for name, settings, params, slack in rows:
+        if params is None:
+            click.echo(f"{name:<8} {settings:<{width}}")
+        else:
+            click.echo(f"{name:<8} {settings:<{width}} {params:>12,} {slack:>10,}")
+    if all(params is None for _, _, params, _ in rows):
+        _fail("no setting of any method fits the budget")

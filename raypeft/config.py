@@ -201,7 +201,18 @@ class ExperimentConfig(_Strict):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
+    budget_params: int | None = Field(
+        None,
+        ge=1,
+        description="one trainable-parameter budget for every method (task head excluded): "
+        "each method derives its size knob from it",
+    )
     method: MethodConfigUnion
+    methods: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="settings of each method by name, used when the space chooses "
+        "method.name (one experiment comparing methods)",
+    )
     train: TrainConfig = TrainConfig()
     search: SearchConfig = SearchConfig()
     space: dict[str, SpaceParam] = Field(
@@ -210,6 +221,54 @@ class ExperimentConfig(_Strict):
     resources: ResourcesConfig = ResourcesConfig()
     tracking: TrackingConfig = TrackingConfig()
     run: RunConfig = RunConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_for_every_method(cls, data: Any) -> Any:
+        # the experiment-wide budget is each method's budget_params
+        if isinstance(data, dict) and data.get("budget_params") is not None:
+            method = data.get("method")
+            if isinstance(method, dict):
+                data = {**data, "method": {**method, "budget_params": data["budget_params"]}}
+        return data
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, settings in methods.items():
+            if name not in METHODS:
+                raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
+            if not isinstance(settings, dict) or "name" in settings:
+                raise ValueError(f"`methods.{name}` must be a mapping of that method's settings")
+        return methods
+
+    @model_validator(mode="after")
+    def _method_presets_validate(self) -> ExperimentConfig:
+        for name in self.methods:
+            try:
+                METHODS[name].config_cls.model_validate(self.method_settings(name))
+            except ValidationError as err:
+                first = err.errors()[0]
+                loc = ".".join(str(p) for p in first["loc"])
+                msg = first["msg"].removeprefix("Value error, ")
+                raise ValueError(f"methods.{name}.{loc}: {msg}".rstrip(".")) from None
+        return self
+
+    def method_settings(self, name: str) -> dict[str, Any]:
+        """The method section a trial gets when it chooses method ``name``.
+
+        ``methods[name]`` if given, else the ``method`` section when it names that method,
+        else the method's defaults; the experiment's ``budget_params`` applies to each.
+        """
+        if name in self.methods:
+            settings = {"name": name, **self.methods[name]}
+        elif name == self.method.name:
+            settings = self.method.model_dump(mode="json")
+        else:
+            settings = {"name": name}
+        if self.budget_params is not None:
+            settings["budget_params"] = self.budget_params
+        return settings
 
     @field_validator("space", mode="before")
     @classmethod
@@ -352,12 +411,15 @@ def validate_experiment(data: dict, source: str) -> ExperimentConfig:
 
 def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
     """Every search-space key must name a real field, and every value must validate there."""
-    known = flatten(cfg.model_dump(mode="json", exclude={"space"}))
+    known = flatten(cfg.model_dump(mode="json", exclude={"space", "methods"}))
     for key, param in cfg.space.items():
         if key.startswith(("space", "search", "tracking", "run", "resources", "name")):
             raise ConfigError(
                 f"{source}: space.{key}: only model/task/method/train keys can be searched"
             )
+        if is_conditional(key):
+            _check_conditional_key(cfg, key, param, source)
+            continue
         if key not in known:
             close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -368,6 +430,32 @@ def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
             except ValidationError as err:
                 inner = format_validation_error(err, source)
                 raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
+
+
+def _check_conditional_key(cfg: ExperimentConfig, key: str, param: Any, source: str) -> None:
+    parts = key.split(".", 2)
+    if len(parts) != 3 or parts[1] not in METHODS:
+        raise ConfigError(
+            f"{source}: space.{key}: conditional keys are methods.<method>.<knob> with a "
+            f"method among {sorted(METHODS)}"
+        )
+    _, name, knob = parts
+    fields = METHODS[name].config_cls.model_fields
+    if knob not in fields or knob == "name":
+        close = difflib.get_close_matches(knob, list(fields), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(f'methods.{name}.{c}' for c in close)}?" if close else ""
+        raise ConfigError(f"{source}: space.{key}: {name} has no knob {knob!r}{hint}")
+    if isinstance(param, GridParam):
+        raise ConfigError(
+            f"{source}: space.{key}: a conditional knob cannot be part of the joint grid "
+            "(it is inactive in trials of other methods); use choice"
+        )
+    for value in _candidate_values(param):
+        try:
+            apply_trial_params(cfg, {"method.name": name, key: value})
+        except ValidationError as err:
+            inner = format_validation_error(err, source)
+            raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
 
 
 def _candidate_values(param: SpaceParam) -> list[Any]:
@@ -383,8 +471,28 @@ def _candidate_values(param: SpaceParam) -> list[Any]:
 
 
 def apply_trial_params(cfg: ExperimentConfig, params: dict[str, Any]) -> ExperimentConfig:
-    """The experiment config of one trial: the file with the sampled values put in place."""
+    """The experiment config of one trial: the file with the sampled values put in place.
+
+    A sampled ``method.name`` first swaps in that method's settings (``methods``), so the
+    other sampled ``method.*`` keys land on the chosen method.
+    """
     data = cfg.model_dump(mode="json")
+    if "budget_params" in params:
+        data["budget_params"] = params["budget_params"]
+    if "method.name" in params:
+        chosen = cfg.model_copy(update={"budget_params": data["budget_params"]})
+        data["method"] = chosen.method_settings(params["method.name"])
+    chosen = data["method"]["name"]
     for key, value in params.items():
-        set_dotted(data, key, value)
+        if is_conditional(key):
+            _, name, knob = key.split(".", 2)
+            if name == chosen:  # a knob of a method this trial did not choose is inactive
+                set_dotted(data, f"method.{knob}", value)
+        elif key != "method.name":
+            set_dotted(data, key, value)
     return ExperimentConfig.model_validate(data)
+
+
+def is_conditional(space_key: str) -> bool:
+    """``methods.X.knob``: a knob searched only in trials that choose method ``X``."""
+    return space_key.startswith("methods.")

@@ -24,6 +24,7 @@ from raypeft.config import (
     SpaceParam,
     UniformParam,
     apply_trial_params,
+    is_conditional,
 )
 from raypeft.methods import BackboneDims, MethodConfig
 
@@ -65,7 +66,13 @@ class DefineByRun:
         self.dims = dims
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
-        params = {key: suggest(trial, key, param) for key, param in self.cfg.space.items()}
+        space = self.cfg.space
+        params = {k: suggest(trial, k, p) for k, p in space.items() if not is_conditional(k)}
+        chosen = params.get("method.name", self.cfg.method.name)
+        for key, param in space.items():
+            # `methods.X.knob` is sampled only in trials that chose method X
+            if is_conditional(key) and key.split(".")[1] == chosen:
+                params[key] = suggest(trial, key, param)
         return derived_values(apply_trial_params(self.cfg, params), self.dims)
 
 
@@ -78,23 +85,34 @@ def trial_config(cfg: ExperimentConfig, tune_config: dict[str, Any]) -> Experime
 def candidate_methods(cfg: ExperimentConfig, limit: int = 4096) -> list[MethodConfig]:
     """Every method config the space can produce, up to continuous values.
 
-    Categorical ``method.*`` keys (grid and choice) are enumerated jointly; continuous ones
-    keep the file's value. The driver uses this to compute each distinct per-example
-    feature (e.g. IDPG's sentence encodings) once, before any trial starts.
+    Categorical method knobs (grid and choice, conditional ones included) are enumerated
+    jointly for each method the space can choose; continuous ones keep the file's value. The
+    driver uses this to compute each distinct per-example feature (e.g. IDPG's sentence
+    encodings) once, before any trial starts.
     """
-    keys = [
-        k
-        for k, p in cfg.space.items()
-        if k.startswith("method.") and isinstance(p, (GridParam, ChoiceParam))
-    ]
-    values = [
-        cfg.space[k].grid if isinstance(cfg.space[k], GridParam) else cfg.space[k].choice
-        for k in keys
-    ]
+
+    def categorical(key: str) -> list[Any] | None:
+        param = cfg.space[key]
+        if isinstance(param, GridParam):
+            return param.grid
+        return param.choice if isinstance(param, ChoiceParam) else None
+
+    names = categorical("method.name") if "method.name" in cfg.space else [None]
     methods = [cfg.method]
-    for combo in itertools.islice(itertools.product(*values), limit):
-        try:
-            methods.append(apply_trial_params(cfg, dict(zip(keys, combo, strict=True))).method)
-        except ValidationError:
-            continue  # a combination the method rejects never becomes a trial
+    for name in names:
+        keys = [
+            k
+            for k in cfg.space
+            if categorical(k) is not None
+            and k != "method.name"
+            and (k.startswith("method.") or (is_conditional(k) and k.split(".")[1] == name))
+        ]
+        fixed = {} if name is None else {"method.name": name}
+        combos = itertools.product(*(categorical(k) for k in keys))
+        for combo in itertools.islice(combos, limit):
+            params = {**fixed, **dict(zip(keys, combo, strict=True))}
+            try:
+                methods.append(apply_trial_params(cfg, params).method)
+            except ValidationError:
+                continue  # a combination the method rejects never becomes a trial
     return methods

@@ -140,7 +140,9 @@ class MLflowTrialCallback(Callback):
             },
         )
         self.run_ids[trial.trial_id] = run.info.run_id
-        params = flatten(cfg.model_dump(mode="json", exclude={"space", "tracking", "run"}))
+        params = flatten(
+            cfg.model_dump(mode="json", exclude={"space", "tracking", "run", "methods"})
+        )
         params.update(trial.config)  # the sampled keys and derived.*
         log_params(self.client, run.info.run_id, params)
 

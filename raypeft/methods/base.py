@@ -89,7 +89,8 @@ class MethodConfig(BaseModel):
     def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
         """Settings of this method's size knob whose count fits ``budget`` (others as in self).
 
-        The first option is what :meth:`resolve` picks for ``budget_params=budget``.
+        :meth:`resolve` with ``budget_params=budget`` picks the option that matches the
+        config's fixed knobs (e.g. DePT's ``m``) with the largest size knob.
         """
         raise NotImplementedError
 

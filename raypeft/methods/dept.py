@@ -109,14 +109,12 @@ class DePTConfig(MethodConfig):
         return {"rank": self.rank} if budgeted else {}
 
     def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
-        """Every ``m`` (multiples of a tenth of PT's length at this budget) with its ``r``;
-        this config's own ``m`` first."""
+        """Every ``m`` (multiples of a tenth of PT's length at this budget, and this config's
+        own ``m``) with its derived ``r``, by ``m``."""
         d, s = dims.hidden_size, dims.max_length
         pt_length = budget // d
         step = max(1, pt_length // 10)
-        lengths = [self.prompt_length] + [
-            m for m in range(step, pt_length, step) if m != self.prompt_length
-        ]
+        lengths = sorted({self.prompt_length, *range(step, pt_length, step)})
         options = []
         for m in lengths:
             r = dept_rank_for_params(budget, m, s, d)

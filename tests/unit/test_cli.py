@@ -16,46 +16,64 @@ def invoke(*args: str):
     return CliRunner().invoke(main, list(args))
 
 
+def budget_rows(output: str) -> list[list[str]]:
+    return [line.split() for line in output.splitlines()[2:]]
+
+
 def test_budget_reproduces_dept_table_for_t5_base():
-    result = invoke(
-        "budget",
-        "-l",
-        "100",
-        "-s",
-        "256",
-        "-d",
-        "768",
-        "-m",
-        "20",
-        "-m",
-        "40",
-        "-m",
-        "60",
-        "-m",
-        "80",
-    )
+    args = ["-l", "100", "-s", "256", "-d", "768", "-M", "dept"]
+    result = invoke("budget", *args, "-m", "20", "-m", "40", "-m", "60", "-m", "80")
     assert result.exit_code == 0, result.output
-    rows = [line.split() for line in result.output.splitlines()[2:]]
-    assert rows == [
-        ["20", "60", "76,800", "0"],
-        ["40", "45", "76,800", "0"],
-        ["60", "30", "76,800", "0"],
-        ["80", "15", "76,800", "0"],
+    assert budget_rows(result.output) == [
+        ["dept", "prompt_length=20", "rank=60", "76,800", "0"],
+        ["dept", "prompt_length=40", "rank=45", "76,800", "0"],
+        ["dept", "prompt_length=60", "rank=30", "76,800", "0"],
+        ["dept", "prompt_length=80", "rank=15", "76,800", "0"],
     ]
     assert "76,800 trainable parameters" in result.output
 
 
+def test_budget_lists_every_method_at_t5_base():
+    result = invoke("budget", "-l", "100")  # T5-base shapes by default: d=768, N=12, s=256
+    assert result.exit_code == 0, result.output
+    rows = budget_rows(result.output)
+    from raypeft.methods import METHODS
+
+    assert {row[0] for row in rows} == set(METHODS)
+    assert ["pt", "prompt_length=100", "76,800", "0"] in rows
+    # deep prompts, hidden style: t = floor(76,800 / (12·768)) = 8 -> 73,728; no kv on T5
+    assert ["prefix", "style=hidden", "prompt_length=8", "73,728", "3,072"] in rows
+    assert not any(row[:2] == ["prefix", "style=kv"] for row in rows)
+
+
+def test_budget_as_a_count_on_a_decoder_with_grouped_query_attention():
+    result = invoke("budget", "--model", "tiny-llama", "-s", "64", "-p", "3000", "-M", "prefix")
+    assert result.exit_code == 0, result.output
+    # d=32, N=2; keys are 2 heads × 8 = 16 wide: kv costs 2·2·16 = 64 per position, as hidden
+    assert budget_rows(result.output) == [
+        ["prefix", "style=hidden", "prompt_length=46", "2,944", "56"],
+        ["prefix", "style=kv", "prompt_length=46", "2,944", "56"],
+    ]
+
+
 def test_budget_reads_hidden_size_from_model_and_reports_slack():
-    result = invoke("budget", "--model", "minilm", "-s", "64", "-m", "20")
+    result = invoke("budget", "--model", "minilm", "-s", "64", "-m", "20", "-M", "dept")
     assert result.exit_code == 0, result.output
     # d=384 read from the packaged MiniLM config: r = floor(80*384/448) = 68, 38,400-38,144
-    assert result.output.splitlines()[2].split() == ["20", "68", "38,144", "256"]
+    assert budget_rows(result.output) == [["dept", "prompt_length=20", "rank=68", "38,144", "256"]]
+
+
+def test_budget_rejects_unknown_method_and_two_budgets():
+    result = invoke("budget", "-M", "lora")
+    assert result.exit_code == 2 and "unknown method 'lora'" in result.output
+    result = invoke("budget", "-l", "10", "-p", "100")
+    assert result.exit_code == 2 and "not both" in result.output
 
 
 def test_budget_rejects_m_not_below_l():
     result = invoke("budget", "-l", "10", "-m", "10")
     assert result.exit_code == 2
-    assert "every m must be < l=10" in result.output
+    assert "every DePT m must leave room for a rank" in result.output
 
 
 def test_validate_shipped_dept_file():
