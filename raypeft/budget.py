@@ -14,6 +14,18 @@ def prompt_tuning_params(prompt_length: int, hidden_size: int) -> int:
     return prompt_length * hidden_size
 
 
+def deep_prompt_params(
+    prompt_length: int, num_layers: int, hidden_size: int, style: str, kv_size: int | None = None
+) -> int:
+    """Deep prompts: ``t·N·d`` (hidden states) or ``2·t·N·d_kv`` (key/value prefixes).
+
+    ``d_kv`` is one layer's key width (``d`` unless grouped-query attention shrinks it).
+    """
+    if style == "hidden":
+        return prompt_length * num_layers * hidden_size
+    return 2 * prompt_length * num_layers * (kv_size or hidden_size)
+
+
 def dept_params(prompt_length: int, rank: int, max_length: int, hidden_size: int) -> int:
     """DePT: soft prompt ``m·d`` plus ``A ∈ R^{s×r}``, ``B ∈ R^{r×d}``: ``m·d + (s+d)·r``."""
     return prompt_length * hidden_size + (max_length + hidden_size) * rank
