@@ -63,6 +63,12 @@ class MethodConfig(BaseModel):
         description="trainable-parameter budget: the method's size knob is derived from it",
     )
 
+    @classmethod
+    def examples(cls) -> dict[str, MethodConfig]:
+        """Small valid configs, one per variant of the method, by name. The method contract
+        tests (tests/contract) run every one on every backbone kind it supports."""
+        return {"default": cls()}
+
     def resolve(self, dims: BackboneDims) -> MethodConfig:
         """Return a copy with derived knobs filled in (e.g. DePT's rank from its budget)."""
         return self

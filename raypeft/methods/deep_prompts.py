@@ -47,6 +47,10 @@ class DeepPromptConfig(MethodConfig):
     )
     init_seed: int = 0
 
+    @classmethod
+    def examples(cls) -> dict[str, DeepPromptConfig]:
+        return {style: cls(style=style, prompt_length=3, lr=0.01) for style in ("hidden", "kv")}
+
     def per_token(self, dims: BackboneDims) -> int:
         """Parameters one prompt position costs over all layers."""
         return deep_prompt_params(1, dims.num_layers, dims.hidden_size, self.style, dims.kv_size)

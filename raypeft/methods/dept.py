@@ -66,6 +66,13 @@ class DePTConfig(MethodConfig):
             )
         return self
 
+    @classmethod
+    def examples(cls) -> dict[str, DePTConfig]:
+        return {
+            "rank": cls(prompt_length=4, rank=2, lr_prompt=0.05, lr_lowrank=0.01),
+            "budget": cls(prompt_length=4, budget_params=400, lr_prompt=0.05, lr_lowrank=0.01),
+        }
+
     def budget(self, dims: BackboneDims) -> int | None:
         """The trainable-parameter budget, if one is set (``l·d`` for a PT length)."""
         if self.budget_prompt_length is not None:

@@ -33,6 +33,13 @@ class PromptTuningConfig(MethodConfig):
     )
     init_seed: int = Field(0, description="seed of the prompt initialisation")
 
+    @classmethod
+    def examples(cls) -> dict[str, PromptTuningConfig]:
+        return {
+            "vocab": cls(prompt_length=4, lr=0.05),
+            "normal": cls(prompt_length=4, init="normal", lr=0.05),
+        }
+
     def resolve(self, dims: BackboneDims) -> PromptTuningConfig:
         if self.budget_params is None:
             return self

@@ -1,0 +1,175 @@
+"""The contract every registered method keeps, on every backbone kind it supports.
+
+Cases are generated from the registry: each method's ``examples()`` (one small config per
+variant) × the tiny encoder (BERT), seq2seq (T5) and decoders (GPT-2, LLaMA with grouped-query
+attention). A new method is covered by registering it; nothing here names a method.
+
+The task is a small synthetic sentiment set tokenised by the real pipeline (right padding for
+encoder and seq2seq, left padding and no segment ids for decoders, labels as text for T5), and
+per-example features (IDPG's sentence encodings) come from the real driver-side computation.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from raypeft.config import ExperimentConfig, ModelConfig, TaskConfig, TrainConfig
+from raypeft.methods import METHODS
+from raypeft.train import build_model, build_optimizer, ensure_features, split_dataset
+
+BACKBONES = ["tiny-bert", "tiny-t5", "tiny-gpt2", "tiny-llama"]
+MAX_LENGTH = 16
+CASES = [
+    pytest.param(name, variant, backbone, id=f"{name}-{variant}-{backbone}")
+    for name, cls in sorted(METHODS.items())
+    for variant in cls.config_cls.examples()
+    for backbone in BACKBONES
+]
+
+WORDS = {0: ["bad", "awful", "sad", "poor", "boring"], 1: ["good", "great", "happy", "fine", "fun"]}
+
+
+@pytest.fixture(scope="module")
+def task_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("contract-task")
+    rng = random.Random(0)
+    files = {}
+    for split, n in (("train", 48), ("validation", 16), ("test", 16)):
+        rows = []
+        for _ in range(n):
+            label = rng.randint(0, 1)
+            text = " ".join(rng.choices(WORDS[label], k=rng.randint(2, 8)))
+            rows.append({"text": text, "label": ["negative", "positive"][label]})
+        path = folder / f"{split}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        files[split] = str(path)
+    return files
+
+
+_TASKS: dict = {}
+
+
+def make_case(name: str, variant: str, backbone: str, task_files):
+    """(cfg, task, model, batch) for one case; skips where the method does not apply."""
+    from raypeft.backbones import backbone_dims, load_config
+    from raypeft.data import prepare_task
+
+    method = METHODS[name].config_cls.examples()[variant]
+    cfg = ExperimentConfig(
+        name="contract",
+        model=ModelConfig(name=backbone, max_length=MAX_LENGTH),
+        task=TaskConfig(name="files", files=task_files, text_column="text"),
+        method=method,
+        train=TrainConfig(max_steps=20, eval_every=20, batch_size=8, head_lr=1e-2, seed=0),
+    )
+    dims = backbone_dims(load_config(cfg.model, 2, "classification"), MAX_LENGTH)
+    try:
+        method.resolve(dims).check_backbone(dims)
+    except ValueError as exc:
+        pytest.skip(f"{name}/{variant} does not apply to {backbone} ({dims.kind}): {exc}")
+    if backbone not in _TASKS:
+        _TASKS[backbone] = prepare_task(cfg.task, cfg.model)
+    task = _TASKS[backbone]
+    ensure_features(task, cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg, task)
+    loader = DataLoader(split_dataset(task, cfg, "train"), batch_size=8)
+    return cfg, task, model, next(iter(loader))
+
+
+def method_tensors(model) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.method.named_parameters() if p.requires_grad}
+
+
+def train_steps(model, cfg, batch, steps: int) -> list[float]:
+    optimizer = build_optimizer(model, cfg)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        loss = model(**batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
+def test_shapes_and_predictions(name, variant, backbone, task_files):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files)
+    model.eval()
+    out = model(**batch)
+    assert torch.isfinite(out.loss)
+    preds = model.predict(**batch)
+    if model.kind == "seq2seq":
+        target_len = batch["target_ids"].shape[1]
+        assert out.logits.shape == (8, target_len, model.backbone.config.vocab_size)
+        assert preds.shape == (8,) and set(preds.tolist()) <= {-1, 0, 1}
+    else:
+        assert out.logits.shape == (8, 2)
+        assert preds.shape == (8, 2) and np.isfinite(preds).all()
+
+
+@pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
+def test_only_the_method_and_head_train(name, variant, backbone, task_files):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files)
+    head = {id(p) for p in model.param_groups()["head"]}
+    frozen = {
+        n: p.detach().clone() for n, p in model.backbone.named_parameters() if id(p) not in head
+    }
+    # the backbone is frozen (its head aside), and every trainable tensor is in a group
+    assert not any(p.requires_grad for n, p in model.backbone.named_parameters() if n in frozen)
+    grouped = {id(p) for params in model.param_groups().values() for p in params}
+    assert grouped == {id(p) for p in model.parameters() if p.requires_grad}
+    assert set(model.method.param_groups()) == set(cfg.method.learning_rates())
+    before = method_tensors(model)
+    assert before, "the method has no trainable tensors"
+    train_steps(model, cfg, batch, steps=3)
+    after = method_tensors(model)
+    unchanged = [n for n in before if torch.equal(before[n], after[n])]
+    assert not unchanged, f"method tensors that did not train: {unchanged}"
+    moved = [n for n, p in model.backbone.named_parameters() if n in frozen]
+    assert all(torch.equal(frozen[n], dict(model.backbone.named_parameters())[n]) for n in moved)
+
+
+@pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
+def test_loss_falls_on_a_fixed_batch(name, variant, backbone, task_files):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files)
+    model.eval()
+    with torch.no_grad():
+        first = model(**batch).loss.item()
+    train_steps(model, cfg, batch, steps=15)
+    model.eval()
+    with torch.no_grad():
+        last = model(**batch).loss.item()
+    assert last < first, f"loss went {first:.4f} -> {last:.4f}"
+
+
+@pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
+def test_save_load_round_trip(name, variant, backbone, task_files, tmp_path):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files)
+    train_steps(model, cfg, batch, steps=2)  # move every tensor away from its initial value
+    model.eval()
+    with torch.no_grad():
+        expected = model(**batch).logits
+    model.save_trainable(tmp_path)
+    torch.manual_seed(123)  # a fresh model with a different head initialisation
+    fresh = build_model(cfg, task)
+    fresh.eval()
+    fresh.load_trainable(tmp_path)
+    with torch.no_grad():
+        assert torch.allclose(fresh(**batch).logits, expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
+def test_count_equals_closed_form(name, variant, backbone, task_files):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files)
+    assert model.method.num_trainable() == cfg.method.num_params(model.dims)
+    if cfg.method.budget_params is not None:
+        assert cfg.method.num_params(model.dims) <= cfg.method.budget_params
