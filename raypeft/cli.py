@@ -166,10 +166,19 @@ def _print_summary(s) -> None:
 
 
 @main.command()
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--space",
+    "space_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="the experiment file (as for tune; or give it as the argument)",
+)
 @OVERRIDES
-def validate(file: Path, overrides: tuple[str, ...]) -> None:
+def validate(file: Path | None, space_file: Path | None, overrides: tuple[str, ...]) -> None:
     """Check an experiment file without running anything."""
+    if (file is None) == (space_file is None):
+        _fail("name one experiment file: raypeft validate FILE (or --space FILE)")
+    file = file or space_file
     _quiet_libraries()
     try:
         cfg = load_experiment(file, list(overrides))

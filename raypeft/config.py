@@ -290,6 +290,8 @@ class ExperimentConfig(_Strict):
     def grid_points(self) -> list[dict[str, Any]]:
         """Every combination of the ``grid`` keys (the joint grid), in file order."""
         keys = self.grid_keys()
+        if not keys:
+            return []
         values = [self.space[k].grid for k in keys]
         return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
 

@@ -270,12 +270,17 @@ def precompute_features(cfg: ExperimentConfig, data: TokenizedTask, say=print) -
 
     IDPG's sentence encodings do not depend on trained parameters, so each distinct one is
     computed here for every split and shipped with the task to all trials; no trial runs
-    the extra forward pass.
+    the extra forward pass. Methods with shared artefacts (IPT's pretrained prompt table)
+    build them here too, through ``MethodConfig.warm_up``, before any trial starts.
     """
-    specs = {}
+    specs, warmed = {}, set()
     for method in candidate_methods(cfg):
         for spec in method.feature_specs().values():
             specs[spec.key] = spec
+        key = method.model_dump_json()
+        if key not in warmed:  # shared artefacts (IPT's pretrained table), built once
+            warmed.add(key)
+            method.warm_up(cfg.model)
     for key, spec in specs.items():
         if key in data.features:
             continue
