@@ -1,6 +1,6 @@
 """Prompt methods. Importing this package registers every built-in method."""
 
-from raypeft.methods import deep_prompts, dept, prompt_tuning  # noqa: F401  (registration side effects)
+from raypeft.methods import deep_prompts, dept, idpg, ipt, prompt_tuning  # noqa: F401  (registration side effects)
 from raypeft.methods.base import (
     METHODS,
     BackboneDims,
