@@ -378,11 +378,12 @@ def test_grid_points_every_combination_in_file_order(tmp_path):
     assert points == expected
 
 
-def test_grid_points_without_grid_is_one_empty_point(tmp_path):
+def test_grid_points_without_grid_is_empty(tmp_path):
+    # no grid key: nothing to enqueue (Optuna samples every trial)
     cfg = load_experiment(
         write(tmp_path, with_(BASE, space={"train.batch_size": {"choice": [4, 8]}}))
     )
-    assert cfg.grid_keys() == [] and cfg.grid_points() == [{}]
+    assert cfg.grid_keys() == [] and cfg.grid_points() == []
 
 
 def test_apply_trial_params(tmp_path):

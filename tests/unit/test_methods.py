@@ -235,7 +235,7 @@ def test_dept_rejects_unpadded_inputs(tiny_backbone, tiny_batch):
     model = PromptedModel(tiny_backbone(), METHOD_CONFIGS["dept-rank"])
     for length in (10, 20):
         with pytest.raises(ValueError, match=rf"exactly s=16 tokens, got {length}"):
-            model(**tiny_batch(length=length)).logits
+            model(**tiny_batch(length=length))
     # PT has no per-position parameter: any length works
     pt = PromptedModel(tiny_backbone(), METHOD_CONFIGS["pt"])
     assert pt(**tiny_batch(length=10)).logits.shape == (4, NUM_LABELS)
