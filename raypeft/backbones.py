@@ -168,7 +168,10 @@ def load_config(cfg: ModelConfig, num_labels: int, problem: str) -> PretrainedCo
     return config
 
 
-def backbone_dims(config: PretrainedConfig, max_length: int) -> BackboneDims:
+def backbone_dims(
+    config: PretrainedConfig, max_length: int, name: str | None = None
+) -> BackboneDims:
+    """The shapes methods need, from a transformers config (``name``: the model's name)."""
     kind = backbone_kind(config)
     layers = config.num_layers if kind == "seq2seq" else config.num_hidden_layers
     heads = config.num_heads if kind == "seq2seq" else config.num_attention_heads
@@ -180,6 +183,7 @@ def backbone_dims(config: PretrainedConfig, max_length: int) -> BackboneDims:
         kind=kind,
         num_heads=heads,
         kv_heads=getattr(config, "num_key_value_heads", None),
+        model_name=name,
     )
 
 
@@ -242,7 +246,7 @@ def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0
         new_keys = set(info.get("missing_keys", []))
     model.requires_grad_(False)
     model.eval()  # dropout off in the frozen backbone; the train loop switches modes
-    dims = backbone_dims(config, cfg.max_length)
+    dims = backbone_dims(config, cfg.max_length, cfg.name)
     if kind == "seq2seq":  # labels are text: the language-model head stays frozen
         return Backbone(model=model, dims=dims, head_params=[])
     head = []

@@ -46,7 +46,7 @@ def request_dims(req: BudgetRequest, cfg: ExperimentConfig | None) -> BackboneDi
     max_length = req.max_length or (cfg.model.max_length if cfg else None)
     if model is not None:
         config = load_config(ModelConfig(name=model), 2, "classification")
-        dims = backbone_dims(config, max_length or DEFAULT_DIMS.max_length)
+        dims = backbone_dims(config, max_length or DEFAULT_DIMS.max_length, model)
     else:
         dims = replace(DEFAULT_DIMS, max_length=max_length or DEFAULT_DIMS.max_length)
     changes = {

@@ -59,9 +59,8 @@ def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
             f"search.metric: {metric!r} is not reported for task {spec.name!r}; "
             f"choose one of {[*spec.metrics, 'loss']}"
         )
-    dims = backbone_dims(
-        load_config(cfg.model, spec.num_labels or 2, spec.problem), cfg.model.max_length
-    )
+    config = load_config(cfg.model, spec.num_labels or 2, spec.problem)
+    dims = backbone_dims(config, cfg.model.max_length, cfg.model.name)
     discrete = {
         k: (p.grid if isinstance(p, GridParam) else p.choice)
         for k, p in cfg.space.items()
@@ -70,7 +69,7 @@ def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
     for combo in itertools.product(*discrete.values()) if discrete else [()]:
         params = dict(zip(discrete, combo, strict=True))
         try:
-            apply_trial_params(cfg, params).method.resolve(dims)
+            apply_trial_params(cfg, params).method.resolve(dims).check_backbone(dims)
         except ValueError as exc:
             where = " ".join(f"{k}={v}" for k, v in params.items()) or "method"
             raise ConfigError(f"{source}: {where}: {exc}") from None

@@ -337,7 +337,7 @@ def run_experiment(
     metric, mode = _search_metric(cfg, data)
     tune_metric = f"best_val_{metric}"  # running best: what the kept checkpoint scored
     config = load_config(cfg.model, data.num_labels, data.spec.problem)
-    dims = backbone_dims(config, cfg.model.max_length)
+    dims = backbone_dims(config, cfg.model.max_length, cfg.model.name)
     sizes = "/".join(str(data.size(split)) for split in ("train", "validation", "test"))
     say(f"  train/validation/test: {sizes} examples, {data.num_labels} labels, {metric} ({mode})")
     precompute_features(cfg, data, say)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 # Tests never touch the network: set before transformers/datasets are imported.
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# IPT's pretrained tables are cached per test session, not in the user's ~/.cache (CLI
+# subprocesses of the integration tests inherit it, and reuse what the session built)
+os.environ.setdefault("RAYPEFT_CACHE", tempfile.mkdtemp(prefix="raypeft-test-cache-"))
 
 import pytest  # noqa: E402
 

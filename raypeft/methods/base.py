@@ -35,6 +35,7 @@ class BackboneDims:
     kind: BackboneKind = "encoder"
     num_heads: int = 1
     kv_heads: int | None = None
+    model_name: str | None = None  # model.name: keys caches tied to the backbone (IPT tables)
 
     @property
     def head_dim(self) -> int:

@@ -31,8 +31,9 @@ Choices the paper leaves open:
   parameters. Per-layer tables would cost ``N·V·d``, more than the backbone.
 
 Pretrained tables are built once per experiment by :meth:`IPTConfig.warm_up` (on the driver)
-and cached on disk (:mod:`raypeft.methods.ipt_pretrain`); warm-up also records the backbone's
-tokenizer in ``tokenizer`` so that every trial (and checkpoint) finds the same table.
+and cached on disk (:mod:`raypeft.methods.ipt_pretrain`), keyed by the backbone's tokenizer
+(``BackboneDims.model_name``), the corpus and the pretraining settings; a trial on a machine
+without the cache builds it there (the write is atomic).
 """
 
 from __future__ import annotations
@@ -119,20 +120,24 @@ class IPTConfig(MethodConfig):
     pretrain_seed: int = Field(0, description="seed of TextCNN pretraining")
     pretrain_width: int = Field(100, ge=1, description="pretraining TextCNN filters per size")
     pretrain_max_tokens: int = Field(128, ge=8, description="tokens read per corpus text")
-    tokenizer: str | None = Field(
-        None,
-        description="model whose tokenizer indexes the table (set by warm_up from model.name)",
-    )
     lr: float = Field(1e-2, gt=0, description="learning rate of the table or the encoder")
     init_seed: int = Field(0, description="seed of the random table / fresh encoder")
 
     @classmethod
     def examples(cls) -> dict[str, IPTConfig]:
-        # the pretrained and encoder strategies need warm_up (a tokenizer and a corpus)
+        # pretrained tables come from a short TextCNN pretraining on BBC News (cached)
+        small = {"pretrain_epochs": 1, "pretrain_width": 8, "pretrain_max_tokens": 32}
         return {
             "random": cls(prompt_length=4, lr=0.05),
             "random-deep": cls(prompt_length=4, placement="deep", lr=0.05),
-        }
+            "pretrained": cls(strategy="pretrained", prompt_length=4, lr=0.05, **small),
+            "encoder-textcnn": cls(strategy="encoder", encoder="textcnn", num_prompts=3,
+                                   encoder_width=8, lr=0.01, **small),
+            "encoder-lstm-deep": cls(strategy="encoder", encoder="lstm", num_prompts=3,
+                                     encoder_width=8, placement="deep", lr=0.01, **small),
+            "encoder-mlp": cls(strategy="encoder", encoder="mlp", num_prompts=3,
+                               encoder_width=8, utilisation=0.5, lr=0.01, **small),
+        }  # fmt: skip
 
     # ------------------------------------------------------------------ sizes and budget
 
@@ -249,13 +254,17 @@ class IPTConfig(MethodConfig):
 
     def pretrain_spec(self, dims: BackboneDims) -> PretrainSpec:
         """What identifies this config's pretrained table on this backbone."""
-        if self.tokenizer is None:
+        from raypeft.backbones import TINY_CONFIGS
+
+        if dims.model_name is None:
             raise ValueError(
-                f"IPT strategy {self.strategy!r} needs its pretrained table: call "
-                "config.warm_up(model_cfg) first (raypeft tune does), or set method.tokenizer"
+                f"IPT strategy {self.strategy!r} indexes its pretrained table with the "
+                "backbone's tokenizer: BackboneDims.model_name must be set"
             )
+        # tiny test models borrow MiniLM's tokenizer: one table serves them all
+        tokenizer = "minilm" if dims.model_name in TINY_CONFIGS else dims.model_name
         return PretrainSpec(
-            tokenizer=self.tokenizer,
+            tokenizer=tokenizer,
             vocab_size=dims.vocab_size,
             embed_dim=self.embed_dim or dims.hidden_size,
             corpus=self.corpus,
@@ -266,15 +275,14 @@ class IPTConfig(MethodConfig):
         )
 
     def warm_up(self, model_cfg: Any) -> None:
-        """Record the backbone's tokenizer (every strategy: a search may switch strategy) and,
-        for the pretrained and encoder strategies, build the cached table once."""
-        if self.tokenizer is None:
-            self.tokenizer = model_cfg.name
+        """Build the pretrained table once, on the driver, before trials start (pretrained
+        and encoder strategies). A trial that still misses it (another machine) builds it."""
         if self.strategy == "random":
             return
         from raypeft.backbones import backbone_dims, load_config
 
-        dims = backbone_dims(load_config(model_cfg, 2, "classification"), model_cfg.max_length)
+        config = load_config(model_cfg, 2, "classification")
+        dims = backbone_dims(config, model_cfg.max_length, model_cfg.name)
         load_or_pretrain(self.pretrain_spec(dims))
 
 

@@ -68,7 +68,7 @@ def make_case(name: str, variant: str, backbone: str, task_files):
         method=method,
         train=TrainConfig(max_steps=20, eval_every=20, batch_size=8, head_lr=1e-2, seed=0),
     )
-    dims = backbone_dims(load_config(cfg.model, 2, "classification"), MAX_LENGTH)
+    dims = backbone_dims(load_config(cfg.model, 2, "classification"), MAX_LENGTH, backbone)
     try:
         method.resolve(dims).check_backbone(dims)
     except ValueError as exc:
