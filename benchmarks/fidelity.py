@@ -6,8 +6,9 @@ On the real GLUE/SentEval files of ``../shared/data`` (read in place; nothing is
 the pre-trained all-MiniLM-L6-v2 (packaged, d=384, N=6) as the frozen backbone, every method
 gets the same budget (``--budget``, default 23,040 = PT with l=60) and derives its size knob
 from it through ``budget_params``: PT's length, DePT's rank (at ``m`` = ``--dept-m``), the
-M-IDPG-PHM generator width, and IPT's encoder width (Encoder IPT, TextCNN, on the frozen
-table pretrained on BBC News).
+M-IDPG-PHM generator width, and IPT's encoder width (Encoder IPT with an MLP encoder and
+k=4 prompt vectors, on the frozen table pretrained on BBC News: at this budget a TextCNN over
+384-d rows fits 3 filters, and the random/pretrained tables cost V·d = 11.7M).
 
 Per task and method, a small fixed tuning budget: each of the method's learning rates (two,
 from each paper's grid) is trained with seed 0; the one with the best validation metric is
@@ -62,7 +63,7 @@ METHOD_SETTINGS = {
         [5e-3, 1e-3],
     ),
     "IPT": (
-        {"name": "ipt", "strategy": "encoder", "encoder": "textcnn", "placement": "input"},
+        {"name": "ipt", "strategy": "encoder", "encoder": "mlp", "num_prompts": 4},
         [5e-3, 1e-3],
     ),
 }

@@ -229,12 +229,18 @@ class IPTConfig(MethodConfig):
             )
 
     def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
-        """Table strategies: every paper prompt length (same count, ``V·d``) if it fits.
-        Encoder: the widest encoder of each kind that fits, this config's kind first."""
+        """Table strategies: every paper prompt length (same count, ``V·d``) if it fits, else
+        what the encoder strategy can do instead. Encoder: the widest encoder of each kind
+        that fits, this config's kind first."""
         if self.strategy != "encoder":
             params = self._count(dims)
-            if params > budget:
-                return []
+            if params > budget:  # the table alone is too big: offer encoder IPT
+                encoder = self.model_copy(update={"strategy": "encoder", "encoder_width": None})
+                options = encoder.budget_options(budget, dims)
+                return [
+                    BudgetOption(o.method, {"strategy": "encoder", **o.settings}, o.params, budget)
+                    for o in options
+                ]
             # this config's L first (what resolve keeps), then the paper's that fit in s
             others = [n for n in PAPER_PROMPT_LENGTHS if n <= dims.max_length]
             return [

@@ -58,7 +58,11 @@ def test_every_registered_method_trains_at_one_budget(tmp_path):
     names = sorted(METHODS)
     # knobs a method needs to fit a small budget (the rest are each method's defaults):
     # IPT's per-token tables cost V·d, so at a small budget only its encoder strategy fits
-    presets = {"dept": {"prompt_length": 16}, "ipt": {"strategy": "encoder"}}
+    presets = {
+        "dept": {"prompt_length": 16},
+        "idpg": {"phm_n": 2, "prompt_length": 2},  # n=16 alone costs 2·16³ in PHM A sets
+        "ipt": {"strategy": "encoder", "encoder": "mlp", "num_prompts": 2},
+    }
     presets = {k: v for k, v in presets.items() if k in METHODS}
     path = write_experiment(
         tmp_path, "tiny-compare", "tiny-bert", names, budget_params=BUDGET, methods=presets

@@ -500,7 +500,10 @@ def test_table_strategies_check_their_budget():
     assert all(o.settings["prompt_length"] <= 64 for o in options)
     with pytest.raises(ValueError, match=r"`budget_params >= 11720448` must hold"):
         IPTConfig(strategy="random", budget_params=table - 1).resolve(DIMS)
-    assert cfg.budget_options(table - 1, DIMS) == []
+    # below the table's count, the options are what encoder IPT can do instead
+    instead = cfg.budget_options(table - 1, DIMS)
+    assert instead and all(o.settings["strategy"] == "encoder" for o in instead)
+    assert all(o.params <= table - 1 for o in instead)
 
 
 def test_config_validation():
