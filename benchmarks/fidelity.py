@@ -46,10 +46,11 @@ from pathlib import Path
 
 TASKS = ["mr", "subj", "cr", "mpqa", "sst2", "rte", "mrpc", "stsb"]
 
-# method label -> (method section at the budget, the learning rates tried)
+# method label -> (method section at the budget, the learning rates tried: the upper part of
+# each paper's grid, as the runs are short; DePT's are (α1, α2))
 METHOD_SETTINGS = {
     "PT": ({"name": "pt"}, [0.3, 0.03]),
-    "DePT": ({"name": "dept", "prompt_length": 30}, [(0.3, 1e-3), (0.03, 1e-4)]),
+    "DePT": ({"name": "dept", "prompt_length": 30}, [(0.3, 5e-3), (0.03, 1e-3)]),
     "M-IDPG-PHM": (
         {
             "name": "idpg",
@@ -60,11 +61,11 @@ METHOD_SETTINGS = {
             "prompt_length": 5,
             "generator_input": "previous_layer",
         },
-        [5e-3, 1e-3],
+        [1e-2, 5e-3],
     ),
     "IPT": (
         {"name": "ipt", "strategy": "encoder", "encoder": "mlp", "num_prompts": 4},
-        [5e-3, 1e-3],
+        [1e-2, 5e-3],
     ),
 }
 
@@ -173,12 +174,12 @@ def main() -> None:
     parser.add_argument("--methods", default=",".join(METHOD_SETTINGS))
     parser.add_argument("--budget", type=int, default=23040, help="trainable parameters")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--eval-every", type=int, default=30)
     parser.add_argument("--max-length", type=int, default=64)
     parser.add_argument("--train-examples", type=int, default=2000)
-    parser.add_argument("--eval-examples", type=int, default=300)
-    parser.add_argument("--test-examples", type=int, default=1000)
+    parser.add_argument("--eval-examples", type=int, default=200)
+    parser.add_argument("--test-examples", type=int, default=500)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--markdown", type=Path, help="also write the tables here")
     args = parser.parse_args()
