@@ -415,10 +415,6 @@ def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
     """Every search-space key must name a real field, and every value must validate there."""
     known = flatten(cfg.model_dump(mode="json", exclude={"space", "methods"}))
     for key, param in cfg.space.items():
-        if key.startswith(("space", "search", "tracking", "run", "resources", "name")):
-            raise ConfigError(
-                f"{source}: space.{key}: only model/task/method/train keys can be searched"
-            )
         if is_conditional(key):
             _check_conditional_key(cfg, key, param, source)
             continue
@@ -426,6 +422,14 @@ def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
             close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ConfigError(f"{source}: space.{key}: unknown key, not a config field{hint}")
+        if not key.startswith(("method.", "train.", "budget_params")):
+            # the task is loaded and tokenised once per experiment, with the file's model and
+            # task sections: a searched model.* or task.* key would not reach the data
+            raise ConfigError(
+                f"{source}: space.{key}: only method, methods.<name>, train and budget_params "
+                "keys can be searched (the task is tokenised once, with the file's model and "
+                "task)"
+            )
         for value in _candidate_values(param):
             try:
                 apply_trial_params(cfg, {key: value})
