@@ -7,7 +7,6 @@ tests check it. Notation follows ../shared/METHODS.md: hidden size ``d``, input 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 
 def prompt_tuning_params(prompt_length: int, hidden_size: int) -> int:
@@ -50,37 +49,6 @@ def dept_rank_for_budget(
 def dept_rank_for_params(budget: int, prompt_length: int, max_length: int, hidden_size: int) -> int:
     """Largest rank ``r`` with ``m·d + (s+d)·r <= budget`` (may be < 1: does not fit)."""
     return (budget - prompt_length * hidden_size) // (max_length + hidden_size)
-
-
-@dataclass(frozen=True)
-class BudgetRow:
-    """One DePT configuration that fits a PT-equivalent budget."""
-
-    prompt_length: int
-    rank: int
-    params: int
-    slack: int  # budget − params (≥ 0): what flooring r leaves unused
-
-
-def dept_budget_table(
-    budget_prompt_length: int,
-    max_length: int,
-    hidden_size: int,
-    prompt_lengths: list[int] | None = None,
-) -> list[BudgetRow]:
-    """(m, r, count, slack) for every ``m`` (default: multiples of ``l/10``) below ``l``."""
-    budget = prompt_tuning_params(budget_prompt_length, hidden_size)
-    if prompt_lengths is None:
-        step = max(1, budget_prompt_length // 10)
-        prompt_lengths = list(range(step, budget_prompt_length, step))
-    rows = []
-    for m in prompt_lengths:
-        r = dept_rank_for_budget(budget_prompt_length, m, max_length, hidden_size)
-        if r < 1:
-            continue
-        n = dept_params(m, r, max_length, hidden_size)
-        rows.append(BudgetRow(m, r, n, budget - n))
-    return rows
 
 
 def idpg_params(

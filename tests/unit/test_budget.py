@@ -4,16 +4,29 @@ from __future__ import annotations
 
 import pytest
 
-from raypeft.budget import (
-    BudgetRow,
-    dept_budget_table,
-    dept_params,
-    dept_rank_for_budget,
-    prompt_tuning_params,
-)
+from raypeft.budget import dept_params, dept_rank_for_budget, prompt_tuning_params
+from raypeft.methods import BackboneDims
+from raypeft.methods.dept import DePTConfig
 
 D, S, L = 768, 256, 100  # T5-base hidden size, max length, PT prompt length
 PAPER = {20: 60, 40: 45, 60: 30, 80: 15}  # DePT Table: m -> r at PT's budget
+T5_BASE = BackboneDims(hidden_size=D, num_layers=12, vocab_size=32128, max_length=S)
+
+
+def dept_budget_table(prompt_lengths: list[int] | None = None) -> list[tuple[int, int, int, int]]:
+    """(m, r, count, slack) rows of DePT at PT's budget, as `raypeft budget` lists them."""
+    cfg = DePTConfig(prompt_length=prompt_lengths[0] if prompt_lengths else 40, rank=1)
+    options = cfg.budget_options(prompt_tuning_params(L, D), T5_BASE)
+    rows = [(o.settings["prompt_length"], o.settings["rank"], o.params, o.slack) for o in options]
+    if prompt_lengths is None:
+        return rows
+    wanted = []
+    for m in prompt_lengths:
+        one = cfg.model_copy(update={"prompt_length": m})
+        for o in one.budget_options(prompt_tuning_params(L, D), T5_BASE):
+            if o.settings["prompt_length"] == m:
+                wanted.append((m, o.settings["rank"], o.params, o.slack))
+    return wanted
 
 
 def test_prompt_tuning_t5_base():
@@ -35,38 +48,38 @@ def test_dept_params_closed_form():
 
 
 def test_budget_table_paper_rows_have_no_slack():
-    rows = dept_budget_table(L, S, D, prompt_lengths=[20, 40, 60, 80])
-    assert rows == [BudgetRow(m, r, 76_800, 0) for m, r in sorted(PAPER.items())]
+    rows = dept_budget_table(prompt_lengths=[20, 40, 60, 80])
+    assert rows == [(m, r, 76_800, 0) for m, r in sorted(PAPER.items())]
 
 
 def test_budget_table_default_prompt_lengths():
-    rows = dept_budget_table(L, S, D)
-    assert [row.prompt_length for row in rows] == list(range(10, 100, 10))
-    for row in rows:
-        assert row.rank == (L - row.prompt_length) * D // (S + D)
-        assert row.params == dept_params(row.prompt_length, row.rank, S, D)
-        assert row.slack == 76_800 - row.params >= 0
+    rows = dept_budget_table()  # multiples of l/10 (the config's own m=40 is one of them)
+    assert [m for m, *_ in rows] == list(range(10, 100, 10))
+    for m, rank, params, slack in rows:
+        assert rank == (L - m) * D // (S + D)
+        assert params == dept_params(m, rank, S, D)
+        assert slack == 76_800 - params >= 0
         # the floor is the largest rank that fits: one more would exceed the budget
-        assert dept_params(row.prompt_length, row.rank + 1, S, D) > 76_800
+        assert dept_params(m, rank + 1, S, D) > 76_800
 
 
 def test_non_integer_rank_floors_and_reports_slack():
     # m=30: r = 70·768/1024 = 52.5 -> 52; count 30·768 + 1024·52 = 76,288, slack 512
     assert dept_rank_for_budget(L, 30, S, D) == 52
-    (row,) = dept_budget_table(L, S, D, prompt_lengths=[30])
-    assert row == BudgetRow(prompt_length=30, rank=52, params=76_288, slack=512)
-    assert row.slack > 0
+    (row,) = dept_budget_table(prompt_lengths=[30])
+    assert row == (30, 52, 76_288, 512)
 
 
 def test_budget_table_skips_rank_zero():
     # m=99 leaves 768 params: r = 768 // 1024 = 0, no configuration fits
     assert dept_rank_for_budget(L, 99, S, D) == 0
-    assert dept_budget_table(L, S, D, prompt_lengths=[99, 80]) == [BudgetRow(80, 15, 76_800, 0)]
+    assert dept_budget_table(prompt_lengths=[99, 80]) == [(80, 15, 76_800, 0)]
 
 
 @pytest.mark.parametrize("m", [100, 101, 250])
 def test_prompt_length_not_below_budget_raises(m):
     with pytest.raises(ValueError, match="prompt_length < budget_prompt_length"):
         dept_rank_for_budget(L, m, S, D)
-    with pytest.raises(ValueError, match=f"prompt_length={m}"):
-        dept_budget_table(L, S, D, prompt_lengths=[m])
+    # as a config: a prompt as long as PT's leaves no room for A·B
+    with pytest.raises(ValueError, match="prompt_length < budget_prompt_length"):
+        DePTConfig(prompt_length=m, budget_prompt_length=L)
