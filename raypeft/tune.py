@@ -172,13 +172,14 @@ def _trainable(cfg: ExperimentConfig, data_ref: ray.ObjectRef):
 
 
 class TrialNamer:
-    """Trial names like ``dept_3f2a1_00004`` in Tune's table and folders (picklable)."""
+    """Trial names like ``dept_3f2a1_00004`` in Tune's table and folders (picklable): the
+    trial's own method, where the space chooses ``method.name``."""
 
     def __init__(self, method: str):
         self.method = method
 
     def __call__(self, trial) -> str:
-        return f"{self.method}_{trial.trial_id}"
+        return f"{trial.config.get('method.name', self.method)}_{trial.trial_id}"
 
 
 def _max_concurrent(cfg: ExperimentConfig) -> int:
