@@ -6,13 +6,16 @@ evaluation, and the caller decides where that goes (Ray Tune, Ray Train, or a te
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 import yaml
 from torch.utils.data import DataLoader, Dataset
@@ -26,6 +29,7 @@ from raypeft.data.metrics import METRIC_MODE, compute_metrics
 from raypeft.model import PromptedModel
 
 CONFIG_FILE = "config.yaml"
+TASK_FILE = "task.json"  # what inference needs of the task: label names, verbalizers, metrics
 
 Reporter = Callable[[dict, Path | None], None]
 
@@ -155,9 +159,12 @@ def train(
     ``world_size`` shard the training data. Returns the best validation metrics.
     """
     device = device or torch.device("cpu")
+    started = time.perf_counter()
+    memory = PeakMemory(device)
     torch.manual_seed(cfg.train.seed)
     ensure_features(task, cfg)
     model = build_model(cfg, task).to(device)
+    trainable_params = model.method.config.num_params(model.dims)  # task head excluded
     optimizer = build_optimizer(model, cfg)
     steps = cfg.train.max_steps
     scheduler = get_linear_schedule_with_warmup(
@@ -206,6 +213,7 @@ def train(
             optimizer.step()
             scheduler.step()
             train_time += time.perf_counter() - start
+            memory.sample()
             step, seen = step + 1, seen + len(batch["labels"]) * world_size
             loss_window.append(loss.item())
             if step % cfg.train.eval_every == 0 or step == steps:
@@ -228,11 +236,19 @@ def train(
                 }
                 metrics.update({f"val_{k}": v for k, v in val.items()})
                 metrics.update({f"best_{k}": v for k, v in best.items()})
-                metrics.update(epoch=epoch, train_samples_per_s=seen / train_time)
+                # efficiency: what the searcher can trade accuracy against (see search.objectives)
+                metrics.update(
+                    epoch=epoch,
+                    train_samples_per_s=seen / train_time,
+                    eval_samples_per_s=val["samples_per_s"],
+                    trainable_params=trainable_params,
+                    peak_memory_mb=memory.peak_mb(),
+                    wall_time_s=time.perf_counter() - started,
+                )
                 loss_window = []
                 if improved and rank == 0:
                     with tempfile.TemporaryDirectory() as folder:
-                        save_checkpoint(model, cfg, Path(folder))
+                        save_checkpoint(model, cfg, Path(folder), task)
                         report(metrics, Path(folder))
                 else:
                     report(metrics, None)
@@ -242,13 +258,55 @@ def train(
     return best
 
 
-def save_checkpoint(model: PromptedModel, cfg: ExperimentConfig, folder: Path) -> None:
-    """Trainable tensors (safetensors) and the resolved config (YAML) - no pickles."""
+class PeakMemory:
+    """Peak memory of one trial: CUDA's allocator peak, or the process's sampled RSS on CPU.
+
+    ``ru_maxrss`` would not do on CPU: Tune reuses trial actors, so the process-lifetime
+    maximum would carry over from earlier trials. RSS is sampled after every step instead.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.process = psutil.Process(os.getpid())
+        self.peak = 0
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        self.sample()
+
+    def sample(self) -> None:
+        if not self.cuda:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def peak_mb(self) -> float:
+        peak = torch.cuda.max_memory_allocated() if self.cuda else self.peak
+        return peak / 2**20
+
+
+def task_metadata(task: TokenizedTask) -> dict:
+    """What inference needs to know of the task, without loading its data."""
+    return {
+        "name": task.spec.name,
+        "problem": task.spec.problem,
+        "num_labels": task.num_labels,
+        "label_names": task.label_names,
+        "verbalizers": task.verbalizers,
+        "metrics": list(task.spec.metrics),
+        "text_pair": task.spec.text_pair_column is not None,
+    }
+
+
+def save_checkpoint(
+    model: PromptedModel, cfg: ExperimentConfig, folder: Path, task: TokenizedTask | None = None
+) -> None:
+    """Trainable tensors (safetensors), the resolved config (YAML) and the task's labels
+    (JSON) - no pickles."""
     model.save_trainable(folder)
     resolved = cfg.model_copy(update={"method": cfg.method.resolve(model.dims)})
     (folder / CONFIG_FILE).write_text(
         yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False)
     )
+    if task is not None:
+        (folder / TASK_FILE).write_text(json.dumps(task_metadata(task), indent=2))
 
 
 def load_checkpoint(folder: Path, task: TokenizedTask) -> tuple[ExperimentConfig, PromptedModel]:

