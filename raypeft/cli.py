@@ -297,3 +297,14 @@ def budget(
             click.echo(f"{name:<8} {settings:<{width}} {params:>12,} {slack:>10,}")
     if all(params is None for _, _, params, _ in rows):
         _fail("no setting of any method fits the budget")
+
+
+# Commands reading finished searches back from MLflow (raypeft/commands/).
+from raypeft.commands import predict as _predict  # noqa: E402
+from raypeft.commands import report as _report  # noqa: E402
+from raypeft.commands import ui as _ui  # noqa: E402
+
+main.add_command(_report.command)
+main.add_command(_ui.command)
+main.add_command(_predict.predict_command)
+main.add_command(_predict.export_command)

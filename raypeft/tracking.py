@@ -21,11 +21,9 @@ from ray.tune.experiment import Trial
 
 from raypeft.config import ExperimentConfig, flatten
 from raypeft.methods import BackboneDims
+from raypeft.runs import DEFAULT_TRACKING_URI, ROLE_TAG, TRIAL_ID_TAG  # noqa: F401
 from raypeft.space import trial_config
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # MLflow's own default store
-TRIAL_ID_TAG = "raypeft.trial_id"
-ROLE_TAG = "raypeft.role"
 _BATCH = 100  # MLflow accepts at most 100 params per log_batch call
 
 

@@ -141,7 +141,8 @@ def test_train_reports_and_checkpoints_best(tmp_path, task, method):
     assert best == {k[len("best_") :]: v for k, v in last_best.items() if k.startswith("best_")}
 
     ckpt = rec.checkpoints[-1]
-    assert sorted(p.name for p in ckpt.iterdir()) == sorted([CONFIG_FILE, TASK_FILE, TRAINABLE_FILE])
+    files = sorted(p.name for p in ckpt.iterdir())
+    assert files == sorted([CONFIG_FILE, TASK_FILE, TRAINABLE_FILE])
     saved = yaml.safe_load((ckpt / CONFIG_FILE).read_text())
     assert saved["method"]["name"] == method.name and saved["train"]["max_steps"] == 30
     if isinstance(method, DePTConfig):

@@ -1,0 +1,63 @@
+"""Fixtures shared by the integration tests: one small finished search, run once per session."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+from mlflow.tracking import MlflowClient
+from test_tune_cli import run_cli
+
+
+@dataclass
+class FinishedSearch:
+    """A finished ``raypeft tune`` run in its own working directory."""
+
+    cwd: Path  # holds mlflow.db (the default store) and ray_results/
+    experiment: str
+    tracking_uri: str
+    stdout: str
+
+    def client(self) -> MlflowClient:
+        return MlflowClient(tracking_uri=self.tracking_uri)
+
+
+@pytest.fixture(scope="session")
+def finished_search(tmp_path_factory) -> FinishedSearch:
+    """A DePT search on tiny BERT: the α1 × α2 joint grid (2 × 2), m sampled, ASHA on.
+
+    Shared by the report, predict, export and ui tests, which read it back from MLflow only.
+    Do not write into its store from a test: copy it first.
+    """
+    cwd = tmp_path_factory.mktemp("finished-search")
+    cfg = {
+        "name": "tiny-search",
+        "model": {"name": "tiny-bert", "max_length": 16},
+        "task": {
+            "name": "tweet_sentiment",
+            "max_train_examples": 160,
+            "max_eval_examples": 48,
+            "max_test_examples": 48,
+        },
+        "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
+        "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
+        "space": {
+            "method.lr_prompt": {"grid": [0.3, 0.5]},
+            "method.lr_lowrank": {"grid": [1.0e-3, 1.0e-2]},
+            "method.prompt_length": {"choice": [2, 4, 6]},
+        },
+        "search": {"num_samples": 5, "scheduler": {"type": "asha", "grace_period": 1}},
+        "run": {"storage_path": str(cwd / "ray_results")},
+    }
+    path = cwd / "experiment.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return FinishedSearch(
+        cwd=cwd,
+        experiment="tiny-search",
+        tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}",
+        stdout=proc.stdout,
+    )
