@@ -347,6 +347,9 @@ def run_experiment(
     client = MlflowClient(tracking_uri=uri)
     experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
     parent_run_id = start_parent_run(client, experiment_id, cfg, source)
+    # what `raypeft report` and `predict` read back: the searched metric and its direction
+    client.set_tag(parent_run_id, "raypeft.metric", metric)
+    client.set_tag(parent_run_id, "raypeft.mode", mode)
     tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, dims)
     name = f"{cfg.name}-{parent_run_id[:8]}"
     try:
