@@ -53,12 +53,10 @@ def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
             raise ConfigError(f"task.files.{split}: {path}: file not found")
     if cfg.task.data_dir is not None and not Path(cfg.task.data_dir).is_dir():
         raise ConfigError(f"task.data_dir: {cfg.task.data_dir}: no such folder")
-    metric = cfg.search.metric
-    if metric is not None and metric not in (*spec.metrics, "loss"):
-        raise ConfigError(
-            f"search.metric: {metric!r} is not reported for task {spec.name!r}; "
-            f"choose one of {[*spec.metrics, 'loss']}"
-        )
+    from raypeft.searcher import resolve_constraints, resolve_objectives
+
+    resolve_objectives(cfg, spec.metrics)  # search.metric / objectives / constraints name
+    resolve_constraints(cfg, spec.metrics)  # metrics this task reports
     config = load_config(cfg.model, spec.num_labels or 2, spec.problem)
     dims = backbone_dims(config, cfg.model.max_length, cfg.model.name)
     discrete = {
@@ -104,13 +102,21 @@ def main() -> None:
 @click.option(
     "--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db)"
 )
-@click.option("--quiet", is_flag=True, help="print only the final summary")
+@click.option("--quiet", is_flag=True, help="print only the final summary (for scripts)")
+@click.option(
+    "--progress-interval",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="seconds between two trial tables while the search runs",
+)
 def tune(
     space_file: Path,
     overrides: tuple[str, ...],
     address: str | None,
     tracking_uri: str | None,
     quiet: bool,
+    progress_interval: float,
 ) -> None:
     """Run the hyperparameter search an experiment file describes."""
     _quiet_libraries()
@@ -124,7 +130,13 @@ def tune(
     from raypeft.tune import SearchFailed, run_experiment
 
     try:
-        summary = run_experiment(cfg, address=address, quiet=quiet, source=str(space_file))
+        summary = run_experiment(
+            cfg,
+            address=address,
+            quiet=quiet,
+            source=str(space_file),
+            progress_interval=progress_interval,
+        )
     except ConfigError as exc:  # e.g. a task's data turned out unusable
         _fail(str(exc))
     except SearchFailed as exc:
@@ -134,34 +146,85 @@ def tune(
 
 
 def _print_summary(s) -> None:
-    click.echo("")
-    click.echo(
-        f"Search finished: {s.num_trials} trials ({s.num_errors} failed) in {s.wall_s / 60:.1f} min"
+    echo = click.echo
+    echo("")
+    echo(
+        f"Search finished: {s.num_trials} trials ({s.num_pruned} stopped early, "
+        f"{s.num_errors} failed) in {s.wall_s / 60:.1f} min"
     )
-    click.echo(f"Best trial {s.best_trial_id} (MLflow run {s.best_run_id}):")
+    if not s.constraints_met:
+        echo("  warning: no trial met search.constraints; the best of all trials is shown")
+    echo(f"Best trial {s.best_trial_id} (MLflow run {s.best_run_id}):")
     for key, value in sorted(s.best_params.items()):
-        click.echo(f"  {key} = {value}")
+        echo(f"  {key} = {value}")
     val = ", ".join(
         f"{k[len('val_') :]} {v:.4f}"
         for k, v in s.best_validation.items()
         if not k.endswith(("loss", "samples_per_s"))
     )
+    echo(f"  validation: {val}")
+    if s.repeats:
+        echo(f"  repeated seeds (mean ± std of validation {s.metric}):")
+        for group in s.repeats:
+            mark = "*" if group.trial_id == s.best_trial_id else " "
+            echo(
+                f"   {mark} {group.trial_id}: {group.mean:.4f} ± {group.std:.4f} "
+                f"over seeds {sorted(group.scores)}"
+            )
     test = ", ".join(
         f"{k[len('test_') :]} {v:.4f}"
         for k, v in s.test.items()
         if not k.endswith(("loss", "samples_per_s", "majority_class_accuracy"))
+        and not k.endswith(("_mean", "_std", "_seeds"))
     )
     if "test_majority_class_accuracy" in s.test:
         test += f" (majority-class accuracy {s.test['test_majority_class_accuracy']:.4f})"
-    click.echo(f"  validation: {val}")
-    click.echo(f"  test:       {test or 'n/a'}")
-    click.echo(
+    echo(f"  test:       {test or 'n/a'}")
+    means = [k for k in s.test if k.endswith("_mean")]
+    if means:
+        over = ", ".join(
+            f"{k[len('test_') : -len('_mean')]} {s.test[k]:.4f} ± {s.test[k[:-5] + '_std']:.4f}"
+            for k in means
+        )
+        echo(f"  test over its {int(s.test[means[0][:-5] + '_seeds'])} seeds: {over}")
+    if s.pareto:
+        names = [o.name for o in s.objectives]
+        echo(f"Pareto front ({' vs '.join(names)}), {len(s.pareto)} trials:")
+        for point in s.pareto:
+            values = ", ".join(f"{n} {point[n]:.4g}" for n in names)
+            echo(f"  {point['trial_id']} ({point['method']}): {values}")
+    echo(
         f"MLflow: experiment {s.experiment!r} (id {s.experiment_id}), parent run {s.parent_run_id}"
     )
-    click.echo(
-        f"  store {s.tracking_uri}; browse with: mlflow ui --backend-store-uri {s.tracking_uri}"
-    )
-    click.echo(f"Ray results: {s.storage_path}")
+    echo(f"  store {s.tracking_uri}; browse with: raypeft ui {s.experiment}")
+    echo(f"Optuna study {s.optuna_study!r} in {s.optuna_storage}")
+    echo(f"  optuna-dashboard {s.optuna_storage}")
+    echo(f"Ray results: {s.storage_path}")
+
+
+@main.command()
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="write the schema to this file (default: print it)",
+)
+def schema(out: Path | None) -> None:
+    """JSON schema of experiment files, for editor completion of the YAML.
+
+    Shipped as schema/experiment.schema.json; point an editor at it with a first line
+    `# yaml-language-server: $schema=../schema/experiment.schema.json`.
+    """
+    import json
+
+    from raypeft.config import experiment_json_schema
+
+    text = json.dumps(experiment_json_schema(), indent=2) + "\n"
+    if out is None:
+        click.echo(text, nl=False)
+    else:
+        out.write_text(text)
+        click.echo(f"wrote {out}")
 
 
 @main.command()

@@ -153,9 +153,61 @@ SpaceParam = Annotated[
 
 
 class SchedulerConfig(_Strict):
-    type: Literal["asha", "none"] = "asha"
+    """Early stopping of trials (one Tune iteration = one evaluation)."""
+
+    type: Literal["asha", "hyperband", "median", "none"] = Field(
+        "asha",
+        description="asha (async successive halving), hyperband (async HyperBand: ASHA over "
+        "several brackets), median (median stopping rule), none (every trial runs to the end)",
+    )
     grace_period: int = Field(2, ge=1, description="evaluations every trial gets before stopping")
-    reduction_factor: float = Field(2, gt=1)
+    reduction_factor: float = Field(2, gt=1, description="asha/hyperband: keep 1/factor per rung")
+    brackets: int = Field(3, ge=1, description="hyperband: number of brackets")
+    min_samples_required: int = Field(
+        3, ge=1, description="median: trials that must have reached a step before it compares"
+    )
+
+
+# Efficiency figures every trial reports (raypeft/train.py), with the direction that is better.
+EFFICIENCY_METRICS: dict[str, str] = {
+    "trainable_params": "min",
+    "train_samples_per_s": "max",
+    "eval_samples_per_s": "max",
+    "peak_memory_mb": "min",
+    "wall_time_s": "min",
+}
+
+
+class Objective(_Strict):
+    """One objective: a validation metric of the task (its best value in the trial) or an
+    efficiency figure (trainable_params, train_samples_per_s, eval_samples_per_s,
+    peak_memory_mb, wall_time_s)."""
+
+    metric: str
+    mode: Literal["max", "min"] | None = Field(None, description="default: the metric's")
+
+
+class Bound(_Strict):
+    """A constraint on one metric: trials outside it are infeasible for the sampler and are
+    never chosen as the best."""
+
+    max: float | None = None
+    min: float | None = None
+
+    @model_validator(mode="after")
+    def _one_side(self) -> Bound:
+        if self.max is None and self.min is None:
+            raise ValueError("give max, min or both")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"`min <= max` must hold, but got min={self.min}, max={self.max}")
+        return self
+
+
+class RepeatBest(_Strict):
+    """After the search, train the best configurations again with other seeds."""
+
+    top_k: int = Field(3, ge=1, description="how many of the best configurations to repeat")
+    seeds: int = Field(2, ge=1, description="extra seeds per configuration (train.seed + 1..n)")
 
 
 class SearchConfig(_Strict):
@@ -163,11 +215,66 @@ class SearchConfig(_Strict):
 
     metric: str | None = Field(None, description="validation metric to optimise (default: task's)")
     mode: Literal["max", "min"] | None = Field(None, description="default: the metric's")
+    objectives: list[Objective] | None = Field(
+        None,
+        min_length=2,
+        description="multi-objective search (Optuna's Pareto front), e.g. accuracy (max) and "
+        "train_samples_per_s (max); the first one drives the scheduler and the test evaluation",
+    )
+    constraints: dict[str, Bound] = Field(
+        default_factory=dict,
+        description="metric -> {max, min}: e.g. trainable_params: {max: 40000} or "
+        "eval_samples_per_s: {min: 500}; the sampler learns them, the best trial satisfies them",
+    )
     num_samples: int = Field(12, ge=1, description="number of trials")
     max_concurrent: int | None = Field(None, ge=1, description="default: as many as fit")
-    sampler: Literal["tpe", "random"] = "tpe"
-    seed: int = 0
+    sampler: Literal["tpe", "random", "grid", "cmaes", "nsga2"] = Field(
+        "tpe",
+        description="Optuna sampler: tpe, random, grid (every combination of grid/choice "
+        "keys), cmaes (numeric keys), nsga2 (multi-objective)",
+    )
+    seed: int = Field(0, description="seed of the sampler")
+    trial_seed: Literal["fixed", "per_trial"] = Field(
+        "fixed",
+        description="fixed: every trial trains with train.seed (paired comparison); per_trial: "
+        "trial k trains with train.seed + k (logged as its train.seed)",
+    )
+    repeat_best: RepeatBest | None = Field(
+        None, description="re-train the top_k configurations with more seeds; mean and std"
+    )
+    storage: str | None = Field(
+        None,
+        description="Optuna RDB storage URL (default: optuna.db next to the MLflow sqlite "
+        "store, else in the working directory)",
+    )
+    study_name: str | None = Field(
+        None,
+        description="Optuna study (default: the MLflow experiment's name); a search with "
+        "the same study continues its history",
+    )
     scheduler: SchedulerConfig = SchedulerConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SearchConfig:
+        if self.objectives:
+            first = self.objectives[0].metric
+            if self.metric is not None and self.metric != first:
+                raise ValueError(
+                    f"metric {self.metric!r} differs from the first objective {first!r}: "
+                    "with objectives, leave metric out"
+                )
+            names = [o.metric for o in self.objectives]
+            if len(set(names)) != len(names):
+                raise ValueError(f"objectives repeat a metric: {names}")
+            if self.sampler == "cmaes":
+                raise ValueError("cmaes optimises a single objective; use tpe, nsga2 or random")
+        return self
+
+    def objective_list(self, default_metric: str) -> list[Objective]:
+        """The objectives, first one primary; the single metric when there are none."""
+        if self.objectives:
+            return list(self.objectives)
+        return [Objective(metric=self.metric or default_metric, mode=self.mode)]
 
 
 class ResourcesConfig(_Strict):
@@ -284,6 +391,30 @@ class ExperimentConfig(_Strict):
                 )
         return space
 
+    @model_validator(mode="after")
+    def _sampler_fits_space(self) -> ExperimentConfig:
+        sampler = self.search.sampler
+        if sampler == "grid":
+            for key, param in self.space.items():
+                if not isinstance(param, (GridParam, ChoiceParam)):
+                    raise ValueError(
+                        f"search.sampler: grid runs every combination of grid/choice keys, "
+                        f"but space.{key} is continuous; use choice, or another sampler"
+                    )
+                if is_conditional(key):
+                    raise ValueError(
+                        f"search.sampler: grid cannot run the conditional key space.{key} (it "
+                        "is inactive in trials of other methods); use tpe or random"
+                    )
+        if sampler == "cmaes" and not any(
+            isinstance(p, (UniformParam, LogUniformParam, IntParam)) for p in self.space.values()
+        ):
+            raise ValueError(
+                "search.sampler: cmaes needs at least one uniform, loguniform or int space key "
+                "(it samples the others at random)"
+            )
+        return self
+
     def grid_keys(self) -> list[str]:
         return [k for k, p in self.space.items() if isinstance(p, GridParam)]
 
@@ -358,7 +489,9 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     )
     more = len(err.errors()) - 1
     tail = f" [+{more} more]" if more else ""
-    return f"{source}: {loc or '<top>'}: {msg}{got_text}{tail}"
+    if not loc:  # a check across sections: its message names the key itself
+        return f"{source}: {msg}{tail}"
+    return f"{source}: {loc}: {msg}{got_text}{tail}"
 
 
 def _is_union_tag(part: Any) -> bool:
@@ -502,3 +635,13 @@ def apply_trial_params(cfg: ExperimentConfig, params: dict[str, Any]) -> Experim
 def is_conditional(space_key: str) -> bool:
     """``methods.X.knob``: a knob searched only in trials that choose method ``X``."""
     return space_key.startswith("methods.")
+
+
+def experiment_json_schema() -> dict[str, Any]:
+    """JSON schema of an experiment file (editors complete and check the YAML with it)."""
+    schema = ExperimentConfig.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "raypeft experiment"
+    # the name defaults to the file's stem when the file leaves it out
+    schema["required"] = [k for k in schema.get("required", []) if k != "name"]
+    return schema

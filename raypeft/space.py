@@ -29,6 +29,8 @@ from raypeft.config import (
 from raypeft.methods import BackboneDims, MethodConfig
 
 DERIVED_PREFIX = "derived."
+REPEAT_PREFIX = "repeat."  # a re-run of a top configuration with another seed (search.repeat_best)
+_NOT_CONFIG = (DERIVED_PREFIX, REPEAT_PREFIX)  # trial keys that are records, not settings
 
 
 def suggest(trial: optuna.Trial, key: str, param: SpaceParam) -> Any:
@@ -73,12 +75,20 @@ class DefineByRun:
             # `methods.X.knob` is sampled only in trials that chose method X
             if is_conditional(key) and key.split(".")[1] == chosen:
                 params[key] = suggest(trial, key, param)
-        return derived_values(apply_trial_params(self.cfg, params), self.dims)
+        fixed = {}
+        if self.cfg.search.trial_seed == "per_trial" and "train.seed" not in space:
+            # a seed of its own per trial, reproducible from the Optuna trial number
+            fixed["train.seed"] = self.cfg.train.seed + trial.number
+        return {
+            **fixed,
+            **derived_values(apply_trial_params(self.cfg, {**params, **fixed}), self.dims),
+        }
 
 
 def trial_config(cfg: ExperimentConfig, tune_config: dict[str, Any]) -> ExperimentConfig:
-    """A trial's full config from Tune's flat ``{key: value}`` (derived keys dropped)."""
-    sampled = {k: v for k, v in tune_config.items() if not k.startswith(DERIVED_PREFIX)}
+    """A trial's full config from Tune's flat ``{key: value}`` (derived and repeat records
+    dropped)."""
+    sampled = {k: v for k, v in tune_config.items() if not k.startswith(_NOT_CONFIG)}
     return apply_trial_params(cfg, sampled)
 
 

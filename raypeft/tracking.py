@@ -21,6 +21,7 @@ from ray.tune.experiment import Trial
 
 from raypeft.config import ExperimentConfig, flatten
 from raypeft.methods import BackboneDims
+from raypeft.repeats import REPEAT_OF
 from raypeft.runs import DEFAULT_TRACKING_URI, ROLE_TAG, TRIAL_ID_TAG  # noqa: F401
 from raypeft.space import trial_config
 
@@ -118,24 +119,33 @@ class MLflowTrialCallback(Callback):
         self.dims = dims  # to log each trial's resolved method (e.g. DePT's derived rank)
         self.run_ids: dict[str, str] = {}
         self.train_checkpoints: dict[str, str] = {}  # trial id -> latest Ray Train checkpoint
+        self.tune_checkpoints: dict[str, Any] = {}  # trial id -> its latest Tune checkpoint
 
-    def best_checkpoint_dir(self, trial_id: str, tune_checkpoint) -> Path | None:
-        return checkpoint_dir(tune_checkpoint, self.train_checkpoints.get(trial_id))
+    def best_checkpoint_dir(self, trial_id: str) -> Path | None:
+        """Local folder of the trial's best checkpoint (the latest one it reported)."""
+        return checkpoint_dir(
+            self.tune_checkpoints.get(trial_id), self.train_checkpoints.get(trial_id)
+        )
 
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         if trial.trial_id in self.run_ids:
             return
         cfg = trial_config(self.base, trial.config)
         cfg = cfg.model_copy(update={"method": cfg.method.resolve(self.dims)})
+        repeat_of = trial.config.get(REPEAT_OF)
+        tags = {
+            MLFLOW_PARENT_RUN_ID: self.parent_run_id,
+            TRIAL_ID_TAG: trial.trial_id,
+            ROLE_TAG: "repeat" if repeat_of else "trial",
+            "raypeft.method": cfg.method.name,
+        }
+        if repeat_of:  # a top configuration trained again with another seed
+            tags["raypeft.repeat_of"] = repeat_of
         run = self.client.create_run(
             self.experiment_id,
-            run_name=f"{cfg.method.name}-{trial.trial_id}",
-            tags={
-                MLFLOW_PARENT_RUN_ID: self.parent_run_id,
-                TRIAL_ID_TAG: trial.trial_id,
-                ROLE_TAG: "trial",
-                "raypeft.method": cfg.method.name,
-            },
+            run_name=f"{cfg.method.name}-{trial.trial_id}"
+            + (f"-seed{cfg.train.seed}" if repeat_of else ""),
+            tags=tags,
         )
         self.run_ids[trial.trial_id] = run.info.run_id
         params = flatten(
@@ -161,7 +171,9 @@ class MLflowTrialCallback(Callback):
         run_id = self.run_ids.get(trial.trial_id)
         if run_id is None:
             return
-        folder = self.best_checkpoint_dir(trial.trial_id, trial.checkpoint)
+        if trial.checkpoint is not None:
+            self.tune_checkpoints[trial.trial_id] = trial.checkpoint
+        folder = self.best_checkpoint_dir(trial.trial_id)
         if folder is not None:
             self.client.log_artifacts(run_id, str(folder), artifact_path="model")
         stopped_early = trial.last_result.get("step", 0) < self.base.train.max_steps
@@ -201,6 +213,8 @@ def finish_parent_run(
         ],
     )
     log_params(client, run_id, {f"best.{k}": v for k, v in summary["config"].items()})
+    for file_name, table in summary.get("tables", {}).items():  # Pareto front, repeats
+        client.log_dict(run_id, table, file_name)
     if best_folder is not None:
         client.log_artifacts(run_id, str(best_folder), artifact_path="best_model")
     client.set_terminated(run_id, "FINISHED")

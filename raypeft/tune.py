@@ -8,8 +8,11 @@ mirrored to a nested MLflow run -> the best configuration evaluated once on the 
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 import os
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,14 +23,27 @@ import ray
 import torch
 from mlflow.tracking import MlflowClient
 from ray import tune
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 from ray.tune.search import ConcurrencyLimiter
-from ray.tune.search.optuna import OptunaSearch
 
 from raypeft.backbones import backbone_dims, load_config
-from raypeft.config import ConfigError, ExperimentConfig
+from raypeft.config import ExperimentConfig
 from raypeft.data import TokenizedTask, prepare_task
-from raypeft.data.metrics import METRIC_MODE
+from raypeft.progress import ProgressPrinter
+from raypeft.repeats import FixedConfigs, RepeatGroup, group_repeats, repeat_configs, top_trials
+from raypeft.searcher import (
+    Constraints,
+    PruningAwareSearch,
+    ResolvedObjective,
+    build_sampler,
+    default_storage,
+    open_storage,
+    pareto_front,
+    prepare_study,
+    remaining_grid_points,
+    resolve_constraints,
+    resolve_objectives,
+)
 from raypeft.space import DefineByRun, candidate_methods, trial_config
 from raypeft.tracking import (
     DEFAULT_TRACKING_URI,
@@ -62,6 +78,13 @@ class SearchSummary:
     storage_path: str
     wall_s: float
     trial_run_ids: dict[str, str] = field(default_factory=dict)
+    objectives: list[ResolvedObjective] = field(default_factory=list)
+    pareto: list[dict[str, Any]] = field(default_factory=list)  # multi-objective searches
+    repeats: list[RepeatGroup] = field(default_factory=list)  # search.repeat_best
+    num_pruned: int = 0
+    optuna_storage: str = ""
+    optuna_study: str = ""
+    constraints_met: bool = True
 
 
 # ----------------------------------------------------------------------------- trials
@@ -193,20 +216,45 @@ def _max_concurrent(cfg: ExperimentConfig) -> int:
     return max(1, int(fits))
 
 
-def _searcher(cfg: ExperimentConfig, dims, metric: str, mode: str):
-    import optuna
+@dataclass
+class StudyPlan:
+    """Where the Optuna study lives and what is left of its grid."""
 
-    sampler = (
-        optuna.samplers.TPESampler(seed=cfg.search.seed)
-        if cfg.search.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed=cfg.search.seed)
-    )
-    search = OptunaSearch(
+    storage_url: str
+    study_name: str
+    points: list[dict[str, Any]]  # grid points still to run (all of them in a new study)
+    finished_before: int  # trials of earlier searches of the same study
+
+
+def plan_study(cfg: ExperimentConfig, tracking_uri: str, modes: list[str]) -> StudyPlan:
+    """Open (or create) the persisted study; skip grid points an earlier search ran."""
+    url = cfg.search.storage or default_storage(tracking_uri)
+    name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
+    finished = prepare_study(open_storage(url), name, modes)
+    grid = [] if cfg.search.sampler == "grid" else cfg.grid_points()
+    return StudyPlan(url, name, remaining_grid_points(grid, finished), len(finished))
+
+
+def _searcher(
+    cfg: ExperimentConfig,
+    dims,
+    objectives: list[ResolvedObjective],
+    constraints: Constraints,
+    plan: StudyPlan,
+    parent_run_id: str,
+):
+    multi = len(objectives) > 1
+    search = PruningAwareSearch(
         space=DefineByRun(cfg, dims),
-        metric=metric,
-        mode=mode,
-        sampler=sampler,
-        points_to_evaluate=cfg.grid_points() or None,
+        metric=[o.result_key for o in objectives] if multi else objectives[0].result_key,
+        mode=[o.mode for o in objectives] if multi else objectives[0].mode,
+        sampler=build_sampler(cfg, constraints),
+        points_to_evaluate=plan.points or None,
+        storage=open_storage(plan.storage_url),
+        study_name=plan.study_name,
+        max_steps=cfg.train.max_steps,
+        objectives=objectives,
+        parent_run_id=parent_run_id,
     )
     return ConcurrencyLimiter(search, max_concurrent=_max_concurrent(cfg))
 
@@ -217,41 +265,71 @@ def _scheduler(cfg: ExperimentConfig, metric: str, mode: str):
         return FIFOScheduler()
     # one Tune iteration = one evaluation (every train.eval_every steps)
     max_t = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
+    grace = min(sched.grace_period, max_t)
+    if sched.type == "median":
+        return MedianStoppingRule(
+            time_attr="training_iteration",
+            metric=metric,
+            mode=mode,
+            grace_period=grace,
+            min_samples_required=sched.min_samples_required,
+        )
+    # asha; hyperband = asynchronous HyperBand: ASHA over several brackets. (Ray's synchronous
+    # HyperBandScheduler pauses and resumes trials, which needs resumable optimizer state.)
     return ASHAScheduler(
         time_attr="training_iteration",
         metric=metric,
         mode=mode,
         max_t=max_t,
-        grace_period=min(sched.grace_period, max_t),
+        grace_period=grace,
         reduction_factor=sched.reduction_factor,
+        brackets=sched.brackets if sched.type == "hyperband" else 1,
     )
 
 
-def init_ray(address: str | None) -> None:
+def init_ray(address: str | None, quiet: bool = False) -> None:
     """Connect to a cluster (``address``) or start a local Ray with this machine's CPUs."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Tune's newer console output ignores verbose=0; raypeft prints its own progress table
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     # Trials checkpoint only when their metric improves, and with num_to_keep set Tune then
     # snapshots the experiment each time: expected here, not worth a warning per trial.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     if ray.is_initialized():
         return
+    if quiet:  # --quiet: the summary only, no Ray/Tune chatter
+        logging.getLogger("ray").setLevel(logging.ERROR)
+    level = logging.ERROR if quiet else logging.WARNING
     if address:
-        ray.init(address=address, log_to_driver=False)
+        ray.init(address=address, log_to_driver=False, logging_level=level)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+        ray.init(
+            num_cpus=os.cpu_count(),
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=level,
+        )
+
+
+def _quiet_loggers() -> None:
+    """Library chatter the user cannot act on (MLflow table creation, new Optuna studies)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
 
 
 class SearchFailed(RuntimeError):
     """No trial produced a result (every trial failed); the message says where to look."""
 
 
-def _build_tuner(cfg, data_ref, dims, tune_metric: str, mode: str, tracker, name: str, quiet: bool):
+def _build_tuner(cfg, data_ref, search_alg, scheduler, num_samples, callbacks, name: str):
     return tune.Tuner(
         _trainable(cfg, data_ref),
         tune_config=tune.TuneConfig(
-            search_alg=_searcher(cfg, dims, tune_metric, mode),
-            scheduler=_scheduler(cfg, tune_metric, mode),
-            num_samples=cfg.search.num_samples,
+            search_alg=search_alg,
+            scheduler=scheduler,
+            num_samples=num_samples,
             reuse_actors=not use_ray_train(cfg),
             trial_name_creator=TrialNamer(cfg.method.name),
             trial_dirname_creator=TrialNamer(cfg.method.name),
@@ -259,9 +337,9 @@ def _build_tuner(cfg, data_ref, dims, tune_metric: str, mode: str, tracker, name
         run_config=tune.RunConfig(
             name=name,
             storage_path=_storage_path(cfg),
-            callbacks=[tracker],
+            callbacks=callbacks,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            verbose=0 if quiet else 1,
+            verbose=0,  # raypeft's own progress table (ProgressPrinter) instead of Tune's
         ),
     )
 
@@ -312,14 +390,35 @@ def score_on_test(cfg: ExperimentConfig, data: TokenizedTask, folder: Path) -> d
     return test
 
 
-def _search_metric(cfg: ExperimentConfig, data: TokenizedTask) -> tuple[str, str]:
-    metric = cfg.search.metric or data.spec.primary_metric
-    if metric not in (*data.spec.metrics, "loss"):
-        raise ConfigError(
-            f"search.metric: {metric!r} is not reported for task {data.spec.name!r}; "
-            f"choose one of {[*data.spec.metrics, 'loss']}"
-        )
-    return metric, cfg.search.mode or METRIC_MODE.get(metric, "max")
+Row = tuple[str, dict, dict]  # (trial id, Tune config, last result)
+
+
+def _rows(results) -> list[Row]:
+    """``(trial id, config, last metrics)`` of every trial that reported anything."""
+    return [
+        (r.metrics["trial_id"], dict(r.config), dict(r.metrics))
+        for r in results
+        if r.metrics and "trial_id" in r.metrics
+    ]
+
+
+def choose_best(
+    rows: list[Row], objective: ResolvedObjective, constraints: Constraints
+) -> tuple[Row | None, bool]:
+    """The best row by the primary objective among those meeting the constraints.
+
+    Returns ``(row, constraints_met)``; when no trial meets them, the best of all is returned
+    with ``False`` (the summary says so).
+    """
+    key, sign = objective.result_key, (1 if objective.mode == "max" else -1)
+    scored = [
+        r for r in rows if isinstance(r[2].get(key), (int, float)) and math.isfinite(r[2][key])
+    ]
+    feasible = [r for r in scored if constraints.feasible(r[2])]
+    pool = feasible or scored
+    if not pool:
+        return None, False
+    return max(pool, key=lambda r: sign * r[2][key]), bool(feasible) or not constraints
 
 
 def run_experiment(
@@ -329,52 +428,113 @@ def run_experiment(
     quiet: bool = False,
     source: str = "<memory>",
     printer=print,
+    progress_interval: float = 30.0,
 ) -> SearchSummary:
     """Run the whole search described by ``cfg`` and return its summary."""
     start = time.time()
     say = (lambda *_: None) if quiet else printer
+    _quiet_loggers()
     say(f"Preparing task {cfg.task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ...")
     data = prepare_task(cfg.task, cfg.model)
-    metric, mode = _search_metric(cfg, data)
-    tune_metric = f"best_val_{metric}"  # running best: what the kept checkpoint scored
+    objectives = resolve_objectives(cfg, data.spec.metrics)
+    constraints = resolve_constraints(cfg, data.spec.metrics)
+    primary = objectives[0]
+    metric, tune_metric, mode = primary.name, primary.result_key, primary.mode
     config = load_config(cfg.model, data.num_labels, data.spec.problem)
     dims = backbone_dims(config, cfg.model.max_length, cfg.model.name)
     sizes = "/".join(str(data.size(split)) for split in ("train", "validation", "test"))
     say(f"  train/validation/test: {sizes} examples, {data.num_labels} labels, {metric} ({mode})")
-    precompute_features(cfg, data, say)
 
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    plan = plan_study(cfg, uri, [o.mode for o in objectives])
+    if plan.finished_before:
+        skipped = len(cfg.grid_points()) - len(plan.points) if cfg.search.sampler != "grid" else 0
+        say(
+            f"  continuing Optuna study {plan.study_name!r} ({plan.storage_url}): "
+            f"{plan.finished_before} earlier trials"
+            + (f", {skipped} grid points already run" if skipped else "")
+        )
+    precompute_features(cfg, data, say)
+
     client = MlflowClient(tracking_uri=uri)
     experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
     parent_run_id = start_parent_run(client, experiment_id, cfg, source)
-    # what `raypeft report` and `predict` read back: the searched metric and its direction
+    # what `raypeft report`, `predict` and optuna-dashboard users need to find things
     client.set_tag(parent_run_id, "raypeft.metric", metric)
     client.set_tag(parent_run_id, "raypeft.mode", mode)
+    client.set_tag(parent_run_id, "raypeft.optuna_storage", plan.storage_url)
+    client.set_tag(parent_run_id, "raypeft.optuna_study", plan.study_name)
+    if len(objectives) > 1:
+        client.set_tag(
+            parent_run_id,
+            "raypeft.objectives",
+            json.dumps([{"metric": o.name, "mode": o.mode} for o in objectives]),
+        )
     tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, dims)
     name = f"{cfg.name}-{parent_run_id[:8]}"
+
+    def callbacks(num_samples: int) -> list:
+        """MLflow logging, and the live table unless quiet."""
+        if quiet:
+            return [tracker]
+        printer_cb = ProgressPrinter(
+            list(cfg.space),
+            tune_metric,
+            mode,
+            num_samples,
+            cfg.train.max_steps,
+            interval=progress_interval,
+            echo=printer,
+        )
+        return [tracker, printer_cb]
+
     try:
-        init_ray(address)
+        init_ray(address, quiet)
         data_ref = ray.put(data)  # tokenised once; every trial reads this one copy
-        results = _build_tuner(cfg, data_ref, dims, tune_metric, mode, tracker, name, quiet).fit()
+        say(
+            f"Searching: {cfg.search.num_samples} trials, sampler {cfg.search.sampler}, "
+            f"scheduler {cfg.search.scheduler.type} ..."
+        )
+        results = _build_tuner(
+            cfg,
+            data_ref,
+            _searcher(cfg, dims, objectives, constraints, plan, parent_run_id),
+            _scheduler(cfg, tune_metric, mode),
+            cfg.search.num_samples,
+            callbacks(cfg.search.num_samples),
+            name,
+        ).fit()
         errors = len(results.errors)
-        best = results.get_best_result(metric=tune_metric, mode=mode, scope="all")
-        if best is None or not best.metrics or tune_metric not in best.metrics:
+        rows = _rows(results)
+        best, constraints_met = choose_best(rows, primary, constraints)
+        if best is None:
             first = str(results.errors[0]).strip().splitlines()[-1] if errors else "no error"
             raise SearchFailed(
                 f"no trial reported {tune_metric}: {errors} of {len(results)} trials failed "
                 f"(first: {first[:300]}); see MLflow run {parent_run_id}"
             )
-        best_trial_id = best.metrics["trial_id"]
+        pruned = sum(1 for r in rows if r[2].get("step", 0) < cfg.train.max_steps)
+        pareto = _pareto(rows, objectives, constraints, cfg.train.max_steps, tracker)
+
+        repeats: list[RepeatGroup] = []
+        if cfg.search.repeat_best:
+            repeats = _run_repeats(cfg, data_ref, rows, primary, constraints, callbacks, name, say)
+            ranked = sorted(repeats, key=lambda g: g.mean, reverse=mode == "max")
+            chosen = ranked[0]
+            best = next(r for r in rows if r[0] == chosen.trial_id)
+        best_trial_id, best_config, best_metrics = best
         best_val = {
             k[len("best_") :]: v
-            for k, v in best.metrics.items()
+            for k, v in best_metrics.items()
             if k.startswith("best_val_") and isinstance(v, (int, float))
         }
-        folder = tracker.best_checkpoint_dir(best_trial_id, best.checkpoint)
+        folder = tracker.best_checkpoint_dir(best_trial_id)
         test = {}
         if folder is not None:
             say("Evaluating the best configuration on the test split ...")
             test = score_on_test(cfg, data, folder)
+        if repeats:
+            test.update(_test_over_seeds(cfg, data, ranked[0], tracker, say))
         summary = SearchSummary(
             experiment=cfg.tracking.experiment or cfg.name,
             tracking_uri=uri,
@@ -382,7 +542,7 @@ def run_experiment(
             parent_run_id=parent_run_id,
             best_trial_id=best_trial_id,
             best_run_id=tracker.run_ids.get(best_trial_id),
-            best_params=dict(best.config),
+            best_params=best_config,
             metric=metric,
             best_validation=best_val,
             test=test,
@@ -391,7 +551,22 @@ def run_experiment(
             storage_path=str(Path(_storage_path(cfg)) / name),
             wall_s=time.time() - start,
             trial_run_ids=dict(tracker.run_ids),
+            objectives=objectives,
+            pareto=pareto,
+            repeats=repeats,
+            num_pruned=pruned,
+            optuna_storage=plan.storage_url,
+            optuna_study=plan.study_name,
+            constraints_met=constraints_met,
         )
+        extra = {
+            "num_trials": summary.num_trials,
+            "num_failed_trials": errors,
+            "num_pruned_trials": pruned,
+        }
+        for i, group in enumerate(ranked if repeats else []):
+            extra[f"repeat_{i}_mean_val_{metric}"] = group.mean
+            extra[f"repeat_{i}_std_val_{metric}"] = group.std
         finish_parent_run(
             client,
             parent_run_id,
@@ -399,12 +574,8 @@ def run_experiment(
                 "trial_id": best_trial_id,
                 "run_id": summary.best_run_id,
                 "config": summary.best_params,
-                "metrics": {
-                    **{f"best_{k}": v for k, v in best_val.items()},
-                    **test,
-                    "num_trials": summary.num_trials,
-                    "num_failed_trials": errors,
-                },
+                "metrics": {**{f"best_{k}": v for k, v in best_val.items()}, **test, **extra},
+                "tables": _tables(summary),
             },
             folder,
         )
@@ -413,3 +584,99 @@ def run_experiment(
         if client.get_run(parent_run_id).info.status == "RUNNING":
             client.set_terminated(parent_run_id, "FAILED")
         raise
+
+
+def _pareto(
+    rows: list[Row],
+    objectives: list[ResolvedObjective],
+    constraints: Constraints,
+    max_steps: int,
+    tracker: MLflowTrialCallback,
+) -> list[dict[str, Any]]:
+    """Multi-objective searches: the trials on the Pareto front (full-length, feasible)."""
+    if len(objectives) < 2:
+        return []
+    full = [
+        r
+        for r in rows
+        if r[2].get("step", 0) >= max_steps
+        and constraints.feasible(r[2])
+        and all(isinstance(r[2].get(o.result_key), (int, float)) for o in objectives)
+    ]
+    front = [full[i] for i in pareto_front([r[2] for r in full], objectives)]
+    out = []
+    for trial_id, config, metrics in front:
+        run_id = tracker.run_ids.get(trial_id)
+        if run_id:
+            tracker.client.set_tag(run_id, "raypeft.pareto_front", "true")
+        out.append(
+            {
+                "trial_id": trial_id,
+                "run_id": run_id,
+                "method": config.get("method.name", tracker.base.method.name),
+                **{o.name: metrics[o.result_key] for o in objectives},
+            }
+        )
+    return sorted(out, key=lambda p: p[objectives[0].name], reverse=objectives[0].mode == "max")
+
+
+def _run_repeats(cfg, data_ref, rows, primary, constraints, callbacks, name, say):
+    """Train the top configurations again with more seeds (``search.repeat_best``)."""
+    spec = cfg.search.repeat_best
+    feasible = [r for r in rows if constraints.feasible(r[2])] or rows
+    top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k, cfg.train.max_steps)
+    configs = repeat_configs(top, cfg.train.seed, spec.seeds)
+    say(f"Repeating the top {len(top)} configurations with {spec.seeds} more seeds each ...")
+    results = _build_tuner(
+        cfg,
+        data_ref,
+        ConcurrencyLimiter(
+            FixedConfigs(configs, primary.result_key, primary.mode),
+            max_concurrent=_max_concurrent(cfg),
+        ),
+        FIFOScheduler(),  # repeats run to the end: their scores are compared as means
+        len(configs),
+        callbacks(len(configs)),
+        f"{name}-repeats",
+    ).fit()
+    return group_repeats(top, _rows(results), primary.result_key, cfg.train.seed)
+
+
+def _test_over_seeds(cfg, data, group: RepeatGroup, tracker, say) -> dict[str, float]:
+    """Test metrics of every seed of the chosen configuration: mean and std."""
+    say(f"Evaluating the chosen configuration's {len(group.trial_ids)} seeds on the test split ...")
+    per_seed: dict[str, list[float]] = {}
+    for trial_id in group.trial_ids.values():
+        folder = tracker.best_checkpoint_dir(trial_id)
+        if folder is None:
+            continue
+        for key, value in score_on_test(cfg, data, folder).items():
+            per_seed.setdefault(key, []).append(value)
+    out = {}
+    for key, values in per_seed.items():
+        if key.endswith(("_loss", "samples_per_s", "majority_class_accuracy")):
+            continue
+        out[f"{key}_mean"] = statistics.fmean(values)
+        out[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+        out[f"{key}_seeds"] = float(len(values))
+    return out
+
+
+def _tables(summary: SearchSummary) -> dict[str, Any]:
+    """JSON artefacts of the parent run: the Pareto front and the repeated seeds."""
+    tables: dict[str, Any] = {}
+    if summary.pareto:
+        tables["pareto_front.json"] = summary.pareto
+    if summary.repeats:
+        tables["repeats.json"] = [
+            {
+                "trial_id": g.trial_id,
+                "mean": g.mean,
+                "std": g.std,
+                "scores_by_seed": g.scores,
+                "trials_by_seed": g.trial_ids,
+                "config": g.config,
+            }
+            for g in summary.repeats
+        ]
+    return tables

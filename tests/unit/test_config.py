@@ -120,7 +120,7 @@ def test_missing_method(tmp_path):
         ("train", {"max_steps": "many"}, "train.max_steps", "'many'"),
         ("train", {"max_steps": 20, "eval_every": 10, "head_lr": -1}, "train.head_lr", "-1"),
         ("model", {"name": "tiny-bert", "max_length": "long"}, "model.max_length", "'long'"),
-        ("search", {"sampler": "grid"}, "search.sampler", "'grid'"),
+        ("search", {"sampler": "bayes"}, "search.sampler", "'bayes'"),
         ("resources", {"use_gpu": "maybe"}, "resources.use_gpu", "'maybe'"),
     ],
 )
