@@ -10,6 +10,7 @@ test split scores. Each repeat is a nested MLflow run tagged ``raypeft.role=repe
 from __future__ import annotations
 
 import math
+import pickle
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +37,15 @@ class FixedConfigs(Searcher):
         return dict(self.configs[self.given - 1])
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
-        pass
+        pass  # nothing to learn: the configs are fixed
+
+    def save(self, checkpoint_path: str) -> None:  # Tune snapshots searchers for resuming
+        with open(checkpoint_path, "wb") as f:
+            pickle.dump((self.configs, self.given), f)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "rb") as f:
+            self.configs, self.given = pickle.load(f)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
 from raypeft.config import (
@@ -82,38 +82,38 @@ def resolve_constraints(cfg: ExperimentConfig, task_metrics: tuple[str, ...]) ->
 
 
 class Constraints:
-    """Optuna's ``constraints_func`` (picklable): a value <= 0 per bound means satisfied."""
+    """``search.constraints``: a value <= 0 per bound means satisfied (Optuna's convention)."""
 
     def __init__(self, bounds: dict[str, Bound]):
         self.bounds = bounds
 
-    def values(self, metrics: dict[str, Any]) -> list[float]:
-        out = []
+    def named_values(self, metrics: dict[str, Any]) -> dict[str, float]:
+        out = {}
         for key, bound in self.bounds.items():
             value = metrics.get(key)
             if value is None or not math.isfinite(float(value)):
-                out.append(math.inf)  # never reported: not shown to satisfy anything
-                continue
+                value = math.nan  # never reported: not shown to satisfy anything
             if bound.max is not None:
-                out.append(float(value) - bound.max)
+                out[f"{key}<={bound.max:g}"] = float(value) - bound.max
             if bound.min is not None:
-                out.append(bound.min - float(value))
-        return out
+                out[f"{key}>={bound.min:g}"] = bound.min - float(value)
+        return {k: (math.inf if math.isnan(v) else v) for k, v in out.items()}
 
     def feasible(self, metrics: dict[str, Any]) -> bool:
-        return all(v <= 0 for v in self.values(metrics))
-
-    def __call__(self, trial: FrozenTrial) -> list[float]:
-        return self.values(trial.user_attrs.get(METRICS_ATTR, {}))
+        return all(v <= 0 for v in self.named_values(metrics).values())
 
     def __bool__(self) -> bool:
         return bool(self.bounds)
 
 
-def build_sampler(cfg: ExperimentConfig, constraints: Constraints) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler ``search.sampler`` names, seeded by ``search.seed``."""
+def build_sampler(cfg: ExperimentConfig) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler ``search.sampler`` names, seeded by ``search.seed``.
+
+    Constraints reach TPE and NSGA-II through each trial's ``set_constraint`` values
+    (Optuna 5), set by :class:`PruningAwareSearch`; the other samplers ignore them, but the
+    best trial still has to meet them.
+    """
     seed = cfg.search.seed
-    constraints_func = constraints if constraints else None
     name = cfg.search.sampler
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -130,15 +130,10 @@ def build_sampler(cfg: ExperimentConfig, constraints: Constraints) -> optuna.sam
             warn_independent_sampling=False,
         )
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=seed, constraints_func=constraints_func)
+        return optuna.samplers.NSGAIISampler(seed=seed)
     conditional = any(is_conditional(k) for k in cfg.space)
     # multivariate TPE with groups models keys that only some trials have (conditional knobs)
-    return optuna.samplers.TPESampler(
-        seed=seed,
-        constraints_func=constraints_func,
-        multivariate=conditional,
-        group=conditional,
-    )
+    return optuna.samplers.TPESampler(seed=seed, multivariate=conditional, group=conditional)
 
 
 def default_storage(tracking_uri: str) -> str:
@@ -214,12 +209,14 @@ class PruningAwareSearch(OptunaSearch):
         *args,
         max_steps: int,
         objectives: list[ResolvedObjective],
+        constraints: Constraints,
         parent_run_id: str,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
         self.max_steps = max_steps
         self.objectives = objectives
+        self.constraints = constraints
         self.parent_run_id = parent_run_id
 
     def suggest(self, trial_id: str):
@@ -252,6 +249,8 @@ class PruningAwareSearch(OptunaSearch):
         }
         metrics["step"] = int(result.get("step", 0))
         ot_trial.set_user_attr(METRICS_ATTR, metrics)
+        for name, value in self.constraints.named_values(metrics).items():
+            ot_trial.set_constraint(name, value)  # what TPE/NSGA-II learn feasibility from
         values = [result.get(o.result_key) for o in self.objectives]
         if not error and len(values) == 1 and values[0] is not None:
             # Tune hands the result that made the scheduler stop a trial (and a trial's last

@@ -248,12 +248,13 @@ def _searcher(
         space=DefineByRun(cfg, dims),
         metric=[o.result_key for o in objectives] if multi else objectives[0].result_key,
         mode=[o.mode for o in objectives] if multi else objectives[0].mode,
-        sampler=build_sampler(cfg, constraints),
+        sampler=build_sampler(cfg),
         points_to_evaluate=plan.points or None,
         storage=open_storage(plan.storage_url),
         study_name=plan.study_name,
         max_steps=cfg.train.max_steps,
         objectives=objectives,
+        constraints=constraints,
         parent_run_id=parent_run_id,
     )
     return ConcurrencyLimiter(search, max_concurrent=_max_concurrent(cfg))
