@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -406,6 +407,14 @@ class ExperimentConfig(_Strict):
                         f"search.sampler: grid cannot run the conditional key space.{key} (it "
                         "is inactive in trials of other methods); use tpe or random"
                     )
+            size = math.prod(
+                len(p.grid if isinstance(p, GridParam) else p.choice) for p in self.space.values()
+            )
+            if self.search.num_samples > size:
+                raise ValueError(
+                    f"search.num_samples: {self.search.num_samples} trials exceed the "
+                    f"{size} combinations sampler grid runs (each once)"
+                )
         if sampler == "cmaes" and not any(
             isinstance(p, (UniformParam, LogUniformParam, IntParam)) for p in self.space.values()
         ):

@@ -121,7 +121,7 @@ def build_sampler(cfg: ExperimentConfig) -> optuna.samplers.BaseSampler:
         grid = {
             key: (p.grid if isinstance(p, GridParam) else p.choice) for key, p in cfg.space.items()
         }
-        return optuna.samplers.GridSampler(grid, seed=seed)
+        return _GridSampler(grid, seed=seed)
     if name == "cmaes":
         # CMA-ES models the numeric keys jointly; categorical ones are sampled by TPE
         return optuna.samplers.CmaEsSampler(
@@ -134,6 +134,14 @@ def build_sampler(cfg: ExperimentConfig) -> optuna.samplers.BaseSampler:
     conditional = any(is_conditional(k) for k in cfg.space)
     # multivariate TPE with groups models keys that only some trials have (conditional knobs)
     return optuna.samplers.TPESampler(seed=seed, multivariate=conditional, group=conditional)
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, minus ``study.stop()`` once every point is visited: that call
+    only works inside ``study.optimize``, and here Tune's ``num_samples`` ends the search."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
 
 
 def default_storage(tracking_uri: str) -> str:

@@ -1,0 +1,259 @@
+"""Optuna behind Tune: pruned trials, persisted studies, objectives, constraints, samplers.
+
+``PruningAwareSearch`` is driven here the way Tune's controller drives it (suggest, results,
+completion), on a real sqlite Optuna storage; the study is then read back with Optuna.
+"""
+
+from __future__ import annotations
+
+import math
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from raypeft.config import Bound, ConfigError, validate_experiment
+from raypeft.searcher import (
+    METRICS_ATTR,
+    Constraints,
+    PruningAwareSearch,
+    ResolvedObjective,
+    build_sampler,
+    default_storage,
+    open_storage,
+    pareto_front,
+    prepare_study,
+    remaining_grid_points,
+    resolve_constraints,
+    resolve_objectives,
+)
+
+BASE = {
+    "name": "s",
+    "model": {"name": "tiny-bert", "max_length": 16},
+    "method": {"name": "pt", "prompt_length": 4},
+    "train": {"max_steps": 30, "eval_every": 10},
+}
+TASK_METRICS = ("accuracy", "macro_f1")
+
+
+def experiment(**search) -> object:
+    space = search.pop("space", {"method.lr": {"loguniform": [1e-4, 1e-1]}})
+    return validate_experiment({**BASE, "space": space, "search": search}, "exp.yaml")
+
+
+def define_by_run(trial):
+    return {"x": trial.suggest_float("x", 0.0, 1.0)}
+
+
+def make_search(tmp_path, objectives, constraints=Constraints({}), max_steps=30):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    multi = len(objectives) > 1
+    search = PruningAwareSearch(
+        space=define_by_run,
+        metric=[o.result_key for o in objectives] if multi else objectives[0].result_key,
+        mode=[o.mode for o in objectives] if multi else objectives[0].mode,
+        sampler=optuna.samplers.RandomSampler(seed=0),
+        storage=open_storage(url),
+        study_name="study",
+        max_steps=max_steps,
+        objectives=objectives,
+        constraints=constraints,
+        parent_run_id="parent123",
+    )
+    return search, url
+
+
+ACC = ResolvedObjective("accuracy", "max", "best_val_accuracy")
+SPEED = ResolvedObjective("train_samples_per_s", "max", "train_samples_per_s")
+
+
+def result(step: int, acc: float, **more) -> dict:
+    return {"step": step, "training_iteration": step // 10, "best_val_accuracy": acc, **more}
+
+
+def test_scheduler_stop_is_pruned_at_the_step_reached(tmp_path):
+    search, url = make_search(tmp_path, [ACC])
+    for trial_id in ("a", "b"):
+        search.suggest(trial_id)
+    search.on_trial_result("a", result(10, 0.5))
+    search.on_trial_result("a", result(20, 0.6))
+    search.on_trial_complete("a", result(30, 0.7))  # ran to train.max_steps
+    search.on_trial_result("b", result(10, 0.4))
+    search.on_trial_complete("b", result(20, 0.45))  # ASHA stopped it at step 20
+
+    study = optuna.load_study(study_name="study", storage=url)
+    a, b = study.trials
+    assert a.state == TrialState.COMPLETE and a.value == 0.7
+    assert a.intermediate_values == {10: 0.5, 20: 0.6, 30: 0.7}  # keyed by training step
+    assert b.state == TrialState.PRUNED
+    assert b.intermediate_values == {10: 0.4, 20: 0.45}  # the stopping result is recorded
+    assert b.value == 0.45 and b.user_attrs["raypeft.pruned_at_step"] == 20
+    assert b.user_attrs["raypeft.tune_trial_id"] == "b"
+    assert b.user_attrs["raypeft.parent_run_id"] == "parent123"
+    assert b.user_attrs[METRICS_ATTR]["best_val_accuracy"] == 0.45
+
+
+def test_failed_trial_is_failed_not_pruned(tmp_path):
+    search, url = make_search(tmp_path, [ACC])
+    search.suggest("a")
+    search.on_trial_result("a", result(10, 0.5))
+    search.on_trial_complete("a", None, error=True)
+    (trial,) = optuna.load_study(study_name="study", storage=url).trials
+    assert trial.state == TrialState.FAIL
+
+
+def test_multi_objective_values_and_constraints(tmp_path):
+    constraints = Constraints({"trainable_params": Bound(max=100)})
+    search, url = make_search(tmp_path, [ACC, SPEED], constraints)
+    search.suggest("a")
+    search.suggest("b")
+    search.on_trial_complete("a", result(30, 0.7, train_samples_per_s=50.0, trainable_params=80))
+    search.on_trial_complete("b", result(30, 0.8, train_samples_per_s=40.0, trainable_params=200))
+    study = optuna.load_study(study_name="study", storage=url)
+    a, b = study.trials
+    assert a.values == [0.7, 50.0] and b.values == [0.8, 40.0]
+    assert a.system_attrs["constraints:trainable_params<=100"] == -20
+    assert b.system_attrs["constraints:trainable_params<=100"] == 100
+
+
+def test_prepare_study_continues_history_and_clears_dead_trials(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    done = study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})
+    study.tell(done, 0.5)
+    study.ask({"x": optuna.distributions.CategoricalDistribution([1, 2])})  # left RUNNING
+    study.enqueue_trial({"x": 2})  # left WAITING
+    finished = prepare_study(open_storage(url), "s", ["max"])
+    assert finished == [done.params]
+    states = [t.state for t in optuna.load_study(study_name="s", storage=url).trials]
+    assert states == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL]
+    assert prepare_study(open_storage(url), "new", ["max"]) == []  # a new study
+    with pytest.raises(ConfigError, match="search.study_name"):
+        prepare_study(open_storage(url), "s", ["min"])
+
+
+def test_remaining_grid_points_skip_what_ran():
+    points = [{"a": 1, "b": 1}, {"a": 1, "b": 2}, {"a": 2, "b": 1}]
+    finished = [{"a": 1, "b": 2, "c": 7}]
+    assert remaining_grid_points(points, finished) == [{"a": 1, "b": 1}, {"a": 2, "b": 1}]
+
+
+def test_default_storage_is_beside_the_mlflow_store(tmp_path, monkeypatch):
+    assert default_storage(f"sqlite:///{tmp_path}/x/mlflow.db") == (
+        f"sqlite:///{tmp_path}/x/optuna.db"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert default_storage("http://mlflow:5000") == f"sqlite:///{tmp_path}/optuna.db"
+
+
+def test_open_storage_bad_url_is_one_line():
+    with pytest.raises(ConfigError, match="search.storage") as info:
+        open_storage("nosuchdb://x")
+    assert "\n" not in str(info.value)
+
+
+def test_pareto_front():
+    rows = [
+        {"a": 0.9, "p": 100},  # front
+        {"a": 0.8, "p": 50},  # front
+        {"a": 0.8, "p": 60},  # dominated by row 1
+        {"a": 0.7, "p": 100},  # dominated by row 0
+        {"a": 0.6, "p": 10},  # front
+    ]
+    objectives = [ResolvedObjective("a", "max", "a"), ResolvedObjective("p", "min", "p")]
+    assert pareto_front(rows, objectives) == [0, 1, 4]
+
+
+def test_constraints_values_and_feasibility():
+    c = Constraints({"trainable_params": Bound(max=100), "eval_samples_per_s": Bound(min=5)})
+    assert c.named_values({"trainable_params": 80, "eval_samples_per_s": 7}) == {
+        "trainable_params<=100": -20,
+        "eval_samples_per_s>=5": -2,
+    }
+    assert c.feasible({"trainable_params": 80, "eval_samples_per_s": 7})
+    assert not c.feasible({"trainable_params": 120, "eval_samples_per_s": 7})
+    assert not c.feasible({"trainable_params": 80})  # never reported: not feasible
+    assert math.isinf(c.named_values({})["trainable_params<=100"])
+
+
+def test_objectives_resolve_with_modes_and_names():
+    cfg = experiment(
+        objectives=[{"metric": "accuracy"}, {"metric": "train_samples_per_s"}],
+        constraints={"trainable_params": {"max": 500}},
+    )
+    objectives = resolve_objectives(cfg, TASK_METRICS)
+    assert objectives == [
+        ResolvedObjective("accuracy", "max", "best_val_accuracy"),
+        ResolvedObjective("train_samples_per_s", "max", "train_samples_per_s"),
+    ]
+    assert resolve_constraints(cfg, TASK_METRICS).bounds == {"trainable_params": Bound(max=500)}
+    single = resolve_objectives(experiment(metric="loss"), TASK_METRICS)
+    assert single == [ResolvedObjective("loss", "min", "best_val_loss")]
+    assert resolve_objectives(experiment(), TASK_METRICS)[0].result_key == "best_val_accuracy"
+
+
+@pytest.mark.parametrize(
+    "search,where",
+    [
+        ({"metric": "f1"}, "search.metric"),
+        ({"objectives": [{"metric": "accuracy"}, {"metric": "speed"}]}, "search.objectives[1]"),
+        ({"constraints": {"memory": {"max": 3}}}, "search.constraints.memory"),
+    ],
+)
+def test_unknown_metric_names_are_one_line_errors(search, where):
+    with pytest.raises(ConfigError) as info:
+        cfg = experiment(**search)
+        resolve_objectives(cfg, TASK_METRICS)
+        resolve_constraints(cfg, TASK_METRICS)
+    assert str(info.value).startswith(f"{where}") and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "search,message",
+    [
+        ({"objectives": [{"metric": "accuracy"}]}, "at least 2"),
+        ({"metric": "loss", "objectives": [{"metric": "accuracy"}, {"metric": "loss"}]}, "differs"),
+        ({"objectives": [{"metric": "loss"}, {"metric": "loss"}]}, "repeat"),
+        ({"constraints": {"trainable_params": {}}}, "max, min or both"),
+        ({"constraints": {"trainable_params": {"min": 5, "max": 1}}}, "min <= max"),
+        ({"sampler": "cmaes", "space": {"method.lr": {"choice": [0.1, 0.2]}}}, "cmaes needs"),
+        ({"sampler": "grid"}, "space.method.lr is continuous"),
+        (
+            {"sampler": "grid", "num_samples": 3, "space": {"method.lr": {"grid": [0.1, 0.2]}}},
+            "exceed the 2 combinations",
+        ),
+        ({"scheduler": {"type": "pbt"}}, "search.scheduler.type"),
+    ],
+)
+def test_search_section_errors(search, message):
+    with pytest.raises(ConfigError) as info:
+        experiment(**search)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert str(info.value).startswith("exp.yaml: search")
+
+
+def test_samplers():
+    assert isinstance(build_sampler(experiment()), optuna.samplers.TPESampler)
+    assert isinstance(build_sampler(experiment(sampler="random")), optuna.samplers.RandomSampler)
+    assert isinstance(build_sampler(experiment(sampler="cmaes")), optuna.samplers.CmaEsSampler)
+    assert isinstance(build_sampler(experiment(sampler="nsga2")), optuna.samplers.NSGAIISampler)
+    grid = experiment(
+        sampler="grid",
+        num_samples=6,
+        space={"method.lr": {"grid": [0.1, 0.2]}, "method.prompt_length": {"choice": [2, 4, 8]}},
+    )
+    sampler = build_sampler(grid)
+    assert isinstance(sampler, optuna.samplers.GridSampler)
+    study = optuna.create_study(sampler=sampler, direction="maximize")
+    seen = set()
+    for _ in range(6):  # the grid sampler visits every combination once
+        trial = study.ask()
+        seen.add(
+            (
+                trial.suggest_categorical("method.lr", [0.1, 0.2]),
+                trial.suggest_categorical("method.prompt_length", [2, 4, 8]),
+            )
+        )
+        study.tell(trial, 0.0)
+    assert len(seen) == 6
