@@ -19,7 +19,7 @@ from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
-from raypeft.config import ExperimentConfig, flatten
+from raypeft.config import EFFICIENCY_METRICS, ExperimentConfig, flatten
 from raypeft.methods import BackboneDims
 from raypeft.repeats import REPEAT_OF
 from raypeft.runs import DEFAULT_TRACKING_URI, ROLE_TAG, TRIAL_ID_TAG  # noqa: F401
@@ -78,7 +78,9 @@ def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
     return {
         k: float(v)
         for k, v in result.items()
-        if k.startswith(keep) and isinstance(v, (int, float)) and math.isfinite(v)
+        if (k.startswith(keep) or k in EFFICIENCY_METRICS)
+        and isinstance(v, (int, float))
+        and math.isfinite(v)
     }
 
 

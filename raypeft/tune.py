@@ -274,6 +274,10 @@ def _scheduler(cfg: ExperimentConfig, metric: str, mode: str):
             mode=mode,
             grace_period=grace,
             min_samples_required=sched.min_samples_required,
+            # never pause a trial to let a waiting one run: a paused function trainable would
+            # start again from step 0 (its checkpoints keep the best weights, not the
+            # optimizer), and could cycle forever
+            min_time_slice=math.inf,
         )
     # asha; hyperband = asynchronous HyperBand: ASHA over several brackets. (Ray's synchronous
     # HyperBandScheduler pauses and resumes trials, which needs resumable optimizer state.)
