@@ -45,6 +45,10 @@ def test_shipped_experiment_runs(tmp_path, path):
     (parent,) = client.search_runs([experiment.experiment_id], "tags.`raypeft.role` = 'experiment'")
     assert parent.info.status == "FINISHED"
     kids = children(client, experiment.experiment_id, parent.info.run_id)
+    repeats = [k for k in kids if k.data.tags["raypeft.role"] == "repeat"]
+    spec = cfg.search.repeat_best
+    assert len(repeats) == (min(spec.top_k, trials) * spec.seeds if spec else 0)
+    kids = [k for k in kids if k.data.tags["raypeft.role"] == "trial"]
     assert len(kids) == trials
     assert all(kid.info.status == "FINISHED" for kid in kids)
     if methods is not None:  # a comparison: every method trained
