@@ -83,7 +83,8 @@ def command(
     except ConfigError as exc:
         _fail(str(exc))
     except MlflowException as exc:  # e.g. an unreachable tracking server
-        _fail(f"MLflow: {str(exc).strip().splitlines()[0] if str(exc).strip() else exc!r}")
+        text = str(exc).strip().strip("'\"") or repr(exc)
+        _fail(f"MLflow: {text.splitlines()[0]}")
     except OSError as exc:  # e.g. the output folder is not writable
         _fail(f"{exc.filename or folder}: {exc.strerror or exc}")
 

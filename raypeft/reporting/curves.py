@@ -1,0 +1,49 @@
+"""Learning curves: validation score vs training step of the best trials.
+
+The only figure that reads metric histories (:meth:`~raypeft.reporting.load.Search.history`:
+one MLflow request per trial drawn).
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from raypeft.reporting.drawing import PALETTE, Figures, Skip, _mpl
+from raypeft.reporting.load import Search
+
+
+def learning_curves(search: Search, top: int) -> Figures:
+    """Validation score vs training step of the ``top`` best trials."""
+    key = f"val_{search.metric}"
+    curves = []
+    for t in search.ranked()[:top]:
+        steps, values = search.history(t, key)
+        if steps:
+            curves.append((t, steps, values))
+    if not curves:
+        raise Skip(f"no finished trial logged {key}")
+    title = f"validation {search.metric} of the top {len(curves)} trial(s) (dashed: stopped early)"
+
+    png = _mpl(6.5, 4.2)
+    ax = png.subplots()
+    html = go.Figure()
+    for k, (t, steps, values) in enumerate(curves):
+        colour = PALETTE[k % len(PALETTE)]
+        dash = "--" if t.stopped_early else "-"
+        name = f"{t.label} {t.value:.4f}"
+        ax.plot(steps, values, dash, marker="o", ms=3, color=colour, label=name)
+        html.add_trace(
+            go.Scatter(
+                x=steps,
+                y=values,
+                mode="lines+markers",
+                name=name,
+                line={"color": colour, "dash": "dash" if t.stopped_early else "solid"},
+            )
+        )
+    ax.set_xlabel("training step")
+    ax.set_ylabel(key)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    html.update_layout(title=title, xaxis_title="training step", yaxis_title=key)
+    return Figures(png, html)

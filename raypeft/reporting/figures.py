@@ -1,0 +1,26 @@
+"""The report's figures, in the report's order: name -> (what it shows, how it is drawn).
+
+Every drawing function takes the :class:`~raypeft.reporting.load.Search` (``learning_curves``
+also takes ``top``) and returns a :class:`~raypeft.reporting.drawing.Figures` pair or raises
+:class:`~raypeft.reporting.drawing.Skip`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from raypeft.reporting.curves import learning_curves
+from raypeft.reporting.dept_figures import budget_m_r, lr_heatmap
+from raypeft.reporting.drawing import Figures
+from raypeft.reporting.param_importance import importances
+from raypeft.reporting.pareto import objectives_pareto, params_pareto
+
+# name -> (what it shows, how it is drawn); the order is the report's
+FIGURES: dict[str, tuple[str, Callable[..., Figures]]] = {
+    "lr_heatmap": ("DePT α1 × α2 heat map, one panel per prompt length m", lr_heatmap),
+    "budget_m_r": ("DePT score vs (m, r) at the fixed budget", budget_m_r),
+    "params_pareto": ("score vs trainable parameters per method, Pareto front", params_pareto),
+    "objectives_pareto": ("the search's two objectives, Pareto front", objectives_pareto),
+    "learning_curves": ("validation score vs step of the top trials", learning_curves),
+    "importances": ("importance of each searched key (fANOVA)", importances),
+}

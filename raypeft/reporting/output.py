@@ -1,0 +1,169 @@
+"""Writing the report: PNG + HTML per figure, ``trials.csv``, ``summary.md``, MLflow artefacts.
+
+:func:`write_report` draws every figure of :data:`~raypeft.reporting.figures.FIGURES` into a
+folder (a figure that cannot be drawn is recorded as skipped, with why, and never sinks the
+report); :func:`log_report` logs that folder under ``report/`` on the search's parent run.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from raypeft.config import ConfigError
+from raypeft.reporting.drawing import Skip
+from raypeft.reporting.figures import FIGURES
+from raypeft.reporting.load import Search
+
+REPORT_ARTIFACTS = "report"  # where the folder goes among the parent run's artefacts
+# what a trial costs, next to what it scored (blank in the table when a run lacks one)
+EFFICIENCY_METRICS = (
+    "train_samples_per_s",
+    "eval_samples_per_s",
+    "trainable_params",
+    "peak_memory_mb",
+    "wall_time_s",
+)
+
+
+@dataclass
+class Report:
+    folder: Path
+    written: dict[str, str]  # figure -> note
+    skipped: dict[str, str]  # figure -> reason
+
+
+def write_report(search: Search, out: Path, top: int = 5, plotly_js: str | bool = True) -> Report:
+    """Write every figure (PNG + HTML), ``trials.csv`` and ``summary.md`` into ``out``.
+
+    ``plotly_js``: True embeds plotly.js in each HTML page (self-contained, opens offline and
+    in the MLflow UI; ~5 MB a page), "cdn" links it instead.
+    """
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out}: exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out, {}, {})
+    for name, (_, draw) in FIGURES.items():
+        for stale in (out / f"{name}.png", out / f"{name}.html"):
+            stale.unlink(missing_ok=True)  # a skipped figure must not leave an old file behind
+        try:
+            if search.metric is None:
+                raise Skip("no trial reported a validation metric")
+            figs = draw(search, top) if name == "learning_curves" else draw(search)
+        except Skip as why:
+            report.skipped[name] = str(why)
+            continue
+        except Exception as exc:  # noqa: BLE001 - one figure must never sink the report
+            report.skipped[name] = f"failed: {type(exc).__name__}: {exc}".splitlines()[0]
+            continue
+        figs.png.savefig(out / f"{name}.png", dpi=120)
+        figs.html.write_html(out / f"{name}.html", include_plotlyjs=plotly_js)
+        report.written[name] = figs.note
+    write_trials_csv(search, out / "trials.csv")
+    (out / "summary.md").write_text(summary_markdown(search, report, top))
+    return report
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def trials_table(search: Search) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of ``trials.csv``: one row per trial, scored ones best first."""
+    searched = list(search.space)
+    derived = sorted({k for t in search.trials for k in t.params if k.startswith("derived.")})
+    val = f"val_{search.metric}"
+    header = [
+        "run_id",
+        "trial_id",
+        "method",
+        "status",
+        "stopped_early",
+        *searched,
+        *derived,
+        search.value_key,
+        val,
+        *EFFICIENCY_METRICS,
+        "error",
+    ]
+    ranked = search.ranked()
+    rest = sorted((t for t in search.trials if t.value is None), key=lambda t: t.trial_id)
+    rows = []
+    for t in ranked + rest:
+        stopped = "" if t.stopped_early is None else str(t.stopped_early).lower()
+        rows.append(
+            [t.run_id, t.trial_id, t.method, t.status, stopped]
+            + [t.params.get(k, "") for k in searched + derived]
+            + [_cell(t.value), _cell(t.metrics.get(val))]
+            + [_cell(t.metrics.get(k)) for k in EFFICIENCY_METRICS]
+            + [t.error]
+        )
+    return header, rows
+
+
+def write_trials_csv(search: Search, path: Path) -> None:
+    header, rows = trials_table(search)
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
+def summary_markdown(search: Search, report: Report, top: int) -> str:
+    """A short markdown page: the search, its top trials, the figures written or skipped."""
+    ranked = search.ranked()
+    failed = sum(t.status == "FAILED" for t in search.trials)
+    stopped = sum(bool(t.stopped_early) for t in search.trials)
+    lines = [
+        f"# Search report: {search.experiment}",
+        "",
+        f"- parent run: `{search.parent_id}` ({search.parent.info.status})",
+        f"- metric: validation {search.metric} ({search.mode}); trials ranked by "
+        f"`{search.value_key}`",
+        f"- trials: {len(search.trials)} ({len(ranked)} scored, {stopped} stopped early, "
+        f"{failed} failed); one row each in `trials.csv`",
+    ]
+    if ranked:
+        lines.append(
+            f"- best trial: {ranked[0].label}, run `{ranked[0].run_id}`: {ranked[0].value:.4f}"
+        )
+        keys = [k for k in search.space if any(k in t.params for t in ranked)]
+        lines += [
+            "",
+            f"## Top {min(top, len(ranked))} trials",
+            "",
+            "| # | trial | method | "
+            + " | ".join([search.value_key, "stopped early", *keys])
+            + " |",
+            "|---" * (5 + len(keys)) + "|",
+        ]
+        for n, t in enumerate(ranked[:top], start=1):
+            cells = [
+                str(n),
+                t.trial_id,
+                t.method,
+                f"{t.value:.4f}",
+                "yes" if t.stopped_early else "no",
+            ]
+            cells += [t.params.get(k, "") for k in keys]
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## Figures", ""]
+    for name, (what, _) in FIGURES.items():
+        if name in report.written:
+            note = f" ({report.written[name]})" if report.written[name] else ""
+            lines.append(f"- `{name}.png`, `{name}.html`: {what}{note}")
+        else:
+            lines.append(f"- {name}: skipped: {report.skipped.get(name, 'not drawn')}")
+    return "\n".join(lines) + "\n"
+
+
+def log_report(search: Search, folder: Path) -> str:
+    """Log the report folder as the parent run's ``report/`` artefacts; returns their URI."""
+    search.client.log_artifacts(search.parent_id, str(folder), artifact_path=REPORT_ARTIFACTS)
+    return f"{search.parent.info.artifact_uri.rstrip('/')}/{REPORT_ARTIFACTS}"
