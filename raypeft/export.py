@@ -117,11 +117,10 @@ def check_out_dir(out: Path, force: bool) -> None:
 
 
 def _head_tensors(model) -> dict[str, torch.Tensor]:
-    """The trained head's tensors by backbone parameter name."""
+    """The trained head's tensors by backbone parameter name (none for seq2seq)."""
+    prefix = "head."
     return {
-        name: p.detach().cpu().contiguous()
-        for name, p in model.backbone.named_parameters()
-        if name in model._head_names
+        k[len(prefix) :]: v for k, v in model.trainable_state_dict().items() if k.startswith(prefix)
     }
 
 
@@ -359,10 +358,11 @@ def _compare_outputs(peft_model, predictor, meta, report: Verification) -> None:
         _fail(f"peft's logits on unpadded rows of a batch differ by up to {same_full:.3g}")
     if padded.any():
         off = _max_diff(batched[padded], ours[padded])
+        same = f"rows without padding equal (max diff {same_full:.2g}); " if full.any() else ""
         report.add(
-            f"  the same left-padded batch in peft: rows without padding equal "
-            f"(max diff {same_full:.2g}); padded rows differ by up to {off:.2g}, because "
-            "peft numbers positions over the padding (raypeft over real tokens only)"
+            f"  the same left-padded batch in peft: {same}padded rows differ by up to "
+            f"{off:.2g}, because peft numbers positions over the padding (raypeft over real "
+            "tokens only)"
         )
 
 
@@ -429,6 +429,9 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the export private
         config = write_adapter(staging, cfg, meta, model)
         with warnings.catch_warnings():  # peft warns about ignored position ids etc.
             warnings.simplefilter("ignore")
@@ -461,6 +464,11 @@ def _move_into_place(staging: Path, out: Path, force: bool) -> None:
             out.rename(old)
         else:
             out.rmdir()
-    staging.rename(out)
+    try:
+        staging.rename(out)
+    except OSError:
+        if old is not None:  # put the previous folder back
+            old.rename(out)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

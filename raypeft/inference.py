@@ -165,10 +165,12 @@ class Predictor:
 
     def inputs(self, texts: list[str], pairs: list[str] | None = None) -> dict[str, Any]:
         """The model's batch for these texts: token tensors plus the method's features."""
-        if self.text_pair and pairs is None:
+        if self.text_pair and (pairs is None or any(p is None for p in pairs)):
             raise ValueError("this model was trained on text pairs: give a pair for every text")
-        if not self.text_pair:
-            pairs = None
+        if not self.text_pair and pairs is not None:
+            raise ValueError("this model was trained on single texts, not text pairs")
+        if pairs is not None and len(pairs) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(pairs)} pairs")
         arrays = tokenize_inputs(self.cfg, self.kind, list(texts), pairs)
         batch: dict[str, Any] = {k: torch.as_tensor(v) for k, v in arrays.items()}
         if self.specs:
@@ -237,11 +239,9 @@ class Predictor:
             yield self._predict_chunk(chunk)
 
     def _predict_chunk(self, chunk: list[tuple[str, str | None]]) -> list[Prediction]:
-        texts = [t for t, _ in chunk]
-        pairs = [p for _, p in chunk] if self.text_pair else None
-        if pairs is not None and any(p is None for p in pairs):
-            raise ValueError("this model was trained on text pairs: give a pair for every text")
-        return self.predict(texts, pairs)
+        texts, pairs = [t for t, _ in chunk], [p for _, p in chunk]
+        given = self.text_pair or any(p is not None for p in pairs)
+        return self.predict(texts, pairs if given else None)
 
 
 def _to_device(batch: dict, device: torch.device) -> dict:

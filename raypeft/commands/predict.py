@@ -102,6 +102,11 @@ def read_records(
             yield line, None
 
 
+def _first_line(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def _one_line(text: str) -> str:
     """One output line per input, whatever a (JSON) text holds."""
     return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
@@ -179,20 +184,22 @@ def predict_command(
             records = read_records(
                 stream,
                 pair=pair,
-                jsonl=not from_stdin and input_path.endswith(".jsonl"),
+                jsonl=not from_stdin and input_path.lower().endswith(".jsonl"),
                 source=source,
             )
             try:  # read the first batch before loading the model: fail fast on bad input
                 first = list(islice(records, batch_size))
-            except (InputError, UnicodeDecodeError) as exc:
+            except InputError as exc:
                 _fail(str(exc))
+            except UnicodeDecodeError as exc:
+                _fail(f"{source}: not UTF-8 text ({exc.reason})")
             if not first:
                 _fail(f"{source}: no input texts (the input is empty or blank)")
             device = "cuda" if torch.cuda.is_available() else "cpu"
             try:
                 predictor = Predictor.from_folder(folder, device=device)
-            except (ConfigError, ValueError) as exc:
-                _fail(f"cannot load the trained model: {exc}")
+            except (ConfigError, ValueError, OSError) as exc:
+                _fail(f"cannot load the trained model: {_first_line(exc)}")
             count, start = 0, time.perf_counter()
             try:
                 batches = predictor.predict_batches(chain(first, records), batch_size=batch_size)
@@ -200,10 +207,12 @@ def predict_command(
                     lines = [format_prediction(p, output_format, pair) for p in batch]
                     click.echo("\n".join(lines))
                     count += len(batch)
-            except (InputError, UnicodeDecodeError) as exc:
+            except InputError as exc:
                 _fail(str(exc))
-            except BrokenPipeError:  # e.g. piped into `head`
-                sys.stderr.close()
+            except UnicodeDecodeError as exc:
+                _fail(f"{source}: not UTF-8 text ({exc.reason})")
+            except BrokenPipeError:  # e.g. piped into `head`: stop quietly
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 sys.exit(0)
             elapsed = time.perf_counter() - start
         finally:
@@ -262,6 +271,8 @@ def export_command(
             result = export_peft(folder, out, force=force)
         except ConfigError as exc:
             _fail(str(exc))
+        except (ValueError, OSError) as exc:  # e.g. a base model that cannot be loaded
+            _fail(f"cannot export the trained model: {_first_line(exc)}")
         except ExportVerificationError as exc:
             click.echo(f"error: peft does not reproduce the trained model: {exc}", err=True)
             click.echo("nothing was written", err=True)
