@@ -162,7 +162,11 @@ def command(
     Starts an MLflow server on the tracking store (on 127.0.0.1 only, by default), waits until
     it answers, prints "MLflow UI: <url>" (the runs page of EXPERIMENT, a name or an id; the
     UI's home page without one) and serves until Ctrl-C, then stops the server. The trials
-    are nested under their search's parent run: expand it in the runs table.
+    are nested under their search's parent run: expand it in the runs table. Trained
+    artefacts are in each run's Artifacts tab.
+
+    The UI has no authentication: anyone who can reach the port can read and change the
+    runs, so any --host other than 127.0.0.1 is warned about.
 
     \b
     Example:
@@ -221,8 +225,9 @@ def command(
         log = Path(tmp) / "mlflow-server.log"
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         previous = {s: signal.getsignal(s) for s in handled}
-        signal.signal(signal.SIGTERM, _raise_stop)
-        signal.signal(signal.SIGHUP, _raise_stop)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if previous[sig] != signal.SIG_IGN:  # e.g. nohup: keep serving on hang-up
+                signal.signal(sig, _raise_stop)
         proc = None
         error, exit_code = None, 0
         try:

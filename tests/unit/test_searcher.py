@@ -46,7 +46,7 @@ def define_by_run(trial):
     return {"x": trial.suggest_float("x", 0.0, 1.0)}
 
 
-def make_search(tmp_path, objectives, constraints=Constraints({}), max_steps=30):
+def make_search(tmp_path, objectives, constraints=None, max_steps=30):
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     multi = len(objectives) > 1
     search = PruningAwareSearch(
@@ -58,7 +58,7 @@ def make_search(tmp_path, objectives, constraints=Constraints({}), max_steps=30)
         study_name="study",
         max_steps=max_steps,
         objectives=objectives,
-        constraints=constraints,
+        constraints=constraints or Constraints({}),
         parent_run_id="parent123",
     )
     return search, url

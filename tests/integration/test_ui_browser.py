@@ -1,0 +1,276 @@
+"""``raypeft ui`` seen in a real browser: headless Chromium (Debian's), driven by Playwright.
+
+The command runs as a subprocess on the shared finished search's store (read only). The test
+opens the URL it prints, expands the parent run in the runs table (MLflow collapses nested
+runs), adds two metric columns and checks that the parent run, every trial and their metric
+values are on the page; then it opens the best trial's artefacts through the same server.
+Playwright drives the system browser (``executable_path``); it never downloads one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from test_tune_cli import RAYPEFT
+
+from raypeft.runs import parent_runs, trial_runs
+
+pytestmark = pytest.mark.integration
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+START_TIMEOUT_S = 180  # mlflow server starts in ~5-20 s; more on a loaded machine
+UI_TIMEOUT_MS = 60_000  # page loads and renders (each wait ends as soon as the text is there)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Path of the system Chromium; skipped without one unless RAYPEFT_REQUIRE_BROWSER is set."""
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path is None:
+        reason = "chromium is not installed (apt-get install chromium)"
+        if os.environ.get("RAYPEFT_REQUIRE_BROWSER", "") not in ("", "0"):
+            pytest.fail(f"{reason}, and RAYPEFT_REQUIRE_BROWSER is set")
+        pytest.skip(f"{reason}; set RAYPEFT_REQUIRE_BROWSER=1 to make this a failure")
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class UiProcess:
+    """A running ``raypeft ui``: its process, port and the URL it printed."""
+
+    def __init__(self, proc: subprocess.Popen, port: int, stderr_path: Path):
+        self.proc, self.port, self.stderr_path = proc, port, stderr_path
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def stderr(self) -> str:
+        return self.stderr_path.read_text(errors="replace")[-3000:]
+
+    def wait_for_url(self, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"raypeft ui printed no URL in {timeout} s; stderr:\n{self.stderr()}")
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                code = self.proc.wait()
+                pytest.fail(f"raypeft ui exited ({code}) before serving; stderr:\n{self.stderr()}")
+            if line.startswith("MLflow UI: "):
+                return line[len("MLflow UI: ") :].strip()
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM, as a service manager would; SIGKILL the tree if it does not stop."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        """Last resort: the ui and the server group(s) it started (their own sessions)."""
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text()
+        except OSError:
+            children = ""
+        self.proc.kill()
+        self.proc.wait()
+        for pid in children.split():
+            try:
+                os.killpg(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@pytest.fixture
+def ui(finished_search, tmp_path):
+    """``raypeft ui tiny-search --port <free>`` in the search's folder; always stopped after."""
+    env = dict(
+        os.environ,
+        MLFLOW_DISABLE_TELEMETRY="true",
+        RAY_USAGE_STATS_ENABLED="0",
+        HF_HUB_OFFLINE="1",
+    )
+    env.pop("MLFLOW_TRACKING_URI", None)
+    port = _free_port()
+    stderr_path = tmp_path / "ui.stderr"
+    with stderr_path.open("w") as stderr:
+        proc = subprocess.Popen(
+            [RAYPEFT, "ui", finished_search.experiment, "--port", str(port)],
+            cwd=finished_search.cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    running = UiProcess(proc, port, stderr_path)
+    try:
+        yield running
+    finally:
+        if proc.poll() is None:
+            try:
+                running.stop()
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _assert_png(path: Path) -> None:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR", path
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert width > 100 and height > 100 and len(data) > 10_000, (width, height, len(data))
+
+
+def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_search, ui, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    store = finished_search.cwd / "mlflow.db"
+    store_hash = _sha256(store)
+    client = finished_search.client()
+    experiment = client.get_experiment_by_name(finished_search.experiment)
+    exp_id = experiment.experiment_id
+    (parent,) = parent_runs(client, exp_id)
+    trials = trial_runs(client, exp_id, parent.info.run_id)
+    assert len(trials) == 5
+    trial_names = sorted(t.info.run_name for t in trials)
+    assert all(name.startswith("dept-") for name in trial_names), trial_names
+    best_id = parent.data.tags["raypeft.best_run_id"]
+
+    t0 = time.monotonic()
+    url = ui.wait_for_url(START_TIMEOUT_S)
+    started_s = time.monotonic() - t0
+    base = f"http://127.0.0.1:{ui.port}"
+    assert url == f"{base}/#/experiments/{exp_id}/runs"
+
+    # the trained artefacts are served (the runs' artifact_uri are absolute local paths)
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(
+        f"{base}/api/2.0/mlflow/artifacts/list?run_id={best_id}&path=model", timeout=30
+    ) as response:
+        listed = {f["path"] for f in json.load(response)["files"]}
+    assert {"model/config.yaml", "model/trainable.safetensors"} <= listed
+
+    t1 = time.monotonic()
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "chromium-profile"),  # fresh: no saved table layout
+            executable_path=chromium,
+            headless=True,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 2400, "height": 1100},  # room for the metric columns
+        )
+        try:
+            page = context.new_page()
+            page.goto(url)
+
+            # the parent run, by its run name, in the table's pinned (left) part
+            row = page.locator(f'.ag-pinned-left-cols-container [row-id="{parent.info.run_id}"]')
+            parent_link = row.get_by_role("link", name=finished_search.experiment, exact=True)
+            expect(parent_link).to_be_visible(timeout=UI_TIMEOUT_MS)
+
+            # nested runs are collapsed under their parent: expand it
+            first_trial = page.get_by_role("link", name=trial_names[0], exact=True)
+            if not first_trial.is_visible():
+                row.locator("button").first.click()
+            for name in trial_names:
+                expect(page.get_by_role("link", name=name, exact=True)).to_be_visible(
+                    timeout=UI_TIMEOUT_MS
+                )
+
+            # metric columns are hidden by default: add two through the column selector
+            page.get_by_role("button", name="Columns", exact=True).click()
+            for metric in ("best_val_accuracy", "val_accuracy"):
+                page.locator(f'.du-bois-light-tree-node-content-wrapper[title="{metric}"]').click()
+            page.keyboard.press("Escape")
+
+            def cell(run_id: str, metric: str):
+                return page.locator(
+                    f'.ag-center-cols-container [row-id="{run_id}"] [col-id="metrics.`{metric}`"]'
+                )
+
+            for metric in ("best_val_accuracy", "val_accuracy"):
+                header = page.locator(f'.ag-header-cell[col-id="metrics.`{metric}`"]')
+                header.scroll_into_view_if_needed(timeout=UI_TIMEOUT_MS)
+                expect(header).to_be_visible()
+                expect(header).to_contain_text(metric)
+            shown = cell(parent.info.run_id, "best_val_accuracy")
+            expect(shown).to_be_visible(timeout=UI_TIMEOUT_MS)
+            assert float(shown.inner_text()) == pytest.approx(
+                parent.data.metrics["best_val_accuracy"], abs=1e-6
+            )
+            for trial in trials:
+                shown = cell(trial.info.run_id, "val_accuracy")
+                expect(shown).to_be_visible(timeout=UI_TIMEOUT_MS)
+                assert float(shown.inner_text()) == pytest.approx(
+                    trial.data.metrics["val_accuracy"], abs=1e-6
+                )
+            runs_png = tmp_path / "runs.png"
+            page.screenshot(path=str(runs_png))
+
+            # the best trial's trained artefacts, through the UI's artefact browser
+            page.goto(f"{base}/#/experiments/{exp_id}/runs/{best_id}/artifacts")
+            page.get_by_text("model", exact=True).first.click(timeout=UI_TIMEOUT_MS)
+            expect(page.get_by_text("trainable.safetensors", exact=True)).to_be_visible(
+                timeout=UI_TIMEOUT_MS
+            )
+            page.get_by_text("config.yaml", exact=True).first.click()
+            expect(page.get_by_text("budget_prompt_length").first).to_be_visible(
+                timeout=UI_TIMEOUT_MS
+            )
+            artifacts_png = tmp_path / "artifacts.png"
+            page.screenshot(path=str(artifacts_png))
+        finally:
+            context.close()
+    browser_s = time.monotonic() - t1
+    _assert_png(runs_png)
+    _assert_png(artifacts_png)
+
+    # SIGTERM stops the command, the server and its workers; the port is free again
+    t2 = time.monotonic()
+    assert ui.stop() == 0, ui.stderr()
+    stop_s = time.monotonic() - t2
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", ui.port)) != 0, "the MLflow server still listens"
+    assert "Traceback" not in ui.stderr()
+    assert _sha256(store) == store_hash  # the store was only read
+    print(f"ui ready {started_s:.1f} s, browser checks {browser_s:.1f} s, stop {stop_s:.1f} s")
