@@ -198,7 +198,7 @@ def _print_summary(s) -> None:
     )
     echo(f"  store {s.tracking_uri}; browse with: raypeft ui {s.experiment}")
     echo(f"Optuna study {s.optuna_study!r} in {s.optuna_storage}")
-    echo(f"  optuna-dashboard {s.optuna_storage}")
+    echo(f"  browse with: optuna-dashboard {s.optuna_storage}")
     echo(f"Ray results: {s.storage_path}")
 
 

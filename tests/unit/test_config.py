@@ -428,7 +428,7 @@ def _trial_variants(cfg: ExperimentConfig) -> list[dict]:
     """Every grid point, and each non-grid candidate (choices, range ends) on the first point."""
     from raypeft.config import _candidate_values
 
-    points = cfg.grid_points()
+    points = cfg.grid_points() or [{}]  # a space without grid keys: the file's own values
     variants = list(points)
     for key, param in cfg.space.items():
         if not isinstance(param, GridParam):
