@@ -129,8 +129,12 @@ def evaluate(
     for batch in DataLoader(dataset, batch_size=batch_size):
         batch = _to_device(batch, device)
         y = batch["labels"]
-        loss_sum += model(**batch).loss.item() * len(y)
-        outputs.append(model.predict(**batch))
+        out = model(**batch)
+        loss_sum += out.loss.item() * len(y)
+        # a head's logits are its predictions: one forward pass; seq2seq models generate
+        outputs.append(
+            model.predict(**batch) if model.kind == "seq2seq" else out.logits.float().cpu().numpy()
+        )
         labels.append(y.cpu().numpy())
     elapsed = time.perf_counter() - start
     model.train(was_training)
