@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from raypeft.commands import TRACKING_URI
 from raypeft.config import ConfigError, ExperimentConfig, load_experiment
 
 EXIT_USER_ERROR = 2
@@ -99,9 +100,7 @@ def main() -> None:
 )
 @OVERRIDES
 @click.option("--address", default=None, help="Ray cluster address (default: start a local Ray)")
-@click.option(
-    "--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db)"
-)
+@TRACKING_URI
 @click.option("--quiet", is_flag=True, help="print only the final summary (for scripts)")
 @click.option(
     "--progress-interval",

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import click
 
+from raypeft.commands import TRACKING_URI
+
 RUN_OPTIONS = [
     click.option("--run", "run_id", default=None, help="MLflow run id of a trial (or of a search)"),
     click.option(
@@ -26,9 +28,7 @@ RUN_OPTIONS = [
         default=None,
         help="experiment name: the best trial of its newest finished search",
     ),
-    click.option(
-        "--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db)"
-    ),
+    TRACKING_URI,
 ]
 
 

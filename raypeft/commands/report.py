@@ -11,6 +11,8 @@ from pathlib import Path
 
 import click
 
+from raypeft.commands import TRACKING_URI
+
 
 def _default_out(experiment: str) -> Path:
     # an MLflow experiment name may hold '/' (e.g. Databricks paths): keep one folder level
@@ -19,9 +21,7 @@ def _default_out(experiment: str) -> Path:
 
 @click.command("report")
 @click.argument("experiment")
-@click.option(
-    "--tracking-uri", default=None, help="MLflow tracking URI (default: sqlite:///mlflow.db)"
-)
+@TRACKING_URI
 @click.option(
     "--run",
     "run_id",

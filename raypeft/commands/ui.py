@@ -23,6 +23,8 @@ from pathlib import Path
 
 import click
 
+from raypeft.commands import TRACKING_URI
+
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 REMOTE_SCHEMES = ("http:", "https:", "databricks")
 
@@ -123,11 +125,7 @@ def _raise_stop(signum, frame) -> None:
 
 @click.command("ui")
 @click.argument("experiment", required=False)
-@click.option(
-    "--tracking-uri",
-    default=None,
-    help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
-)
+@TRACKING_URI
 @click.option(
     "--host",
     default="127.0.0.1",

@@ -7,7 +7,6 @@ export needs a soft-prompt-tuning run, so one test runs a small PT search of its
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,24 +15,14 @@ import pytest
 import torch
 import yaml
 from mlflow.tracking import MlflowClient
-from test_tune_cli import RAYPEFT, run_cli
+from test_tune_cli import run_cli
 
 pytestmark = pytest.mark.integration
 
 
 def run_with_stdin(args: list[str], cwd: Path, stdin: str) -> subprocess.CompletedProcess:
     """``run_cli`` with text on stdin (same environment)."""
-    env = dict(
-        os.environ,
-        RAY_AUTH_MODE="disabled",
-        RAY_USAGE_STATS_ENABLED="0",
-        MLFLOW_DISABLE_TELEMETRY="true",
-        HF_HUB_OFFLINE="1",
-    )
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.run(
-        [RAYPEFT, *args], cwd=cwd, env=env, input=stdin, capture_output=True, text=True, timeout=600
-    )
+    return run_cli(args, cwd, stdin=stdin)
 
 
 def parent_run(client: MlflowClient, experiment: str):

@@ -45,7 +45,10 @@ def tiny_experiment(tmp_path: Path, **sections) -> Path:
     return path
 
 
-def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str], cwd: Path, timeout: int = 600, stdin: str | None = None
+) -> subprocess.CompletedProcess:
+    """The ``raypeft`` console script in a subprocess, offline, with ``stdin`` as its input."""
     env = dict(
         os.environ,
         RAY_AUTH_MODE="disabled",
@@ -55,7 +58,13 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.Comple
     )
     env.pop("MLFLOW_TRACKING_URI", None)
     return subprocess.run(
-        [RAYPEFT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [RAYPEFT, *args],
+        cwd=cwd,
+        env=env,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
