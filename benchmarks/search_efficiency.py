@@ -119,7 +119,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=90, help="training steps of a full trial")
     parser.add_argument("--eval-every", type=int, default=30, help="one ASHA rung step")
     parser.add_argument("--tpe-trials", type=int, default=20)
-    parser.add_argument("--tpe-seeds", default="0,1", help="TPE sampler seeds, comma-separated")
+    parser.add_argument("--tpe-seeds", default="0", help="TPE sampler seeds, comma-separated")
     parser.add_argument("--reduction-factor", type=float, default=3)
     args = parser.parse_args()
     if not args.data_dir or not (Path(args.data_dir) / args.task).is_dir():
