@@ -221,6 +221,7 @@ class StudyPlan:
     """Where the Optuna study lives and what is left of its grid."""
 
     storage_url: str
+    storage: Any  # the opened optuna RDBStorage, handed to the searcher
     study_name: str
     points: list[dict[str, Any]]  # grid points still to run (all of them in a new study)
     finished_before: int  # trials of earlier searches of the same study
@@ -230,9 +231,10 @@ def plan_study(cfg: ExperimentConfig, tracking_uri: str, modes: list[str]) -> St
     """Open (or create) the persisted study; skip grid points an earlier search ran."""
     url = cfg.search.storage or default_storage(tracking_uri)
     name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
-    finished = prepare_study(open_storage(url), name, modes)
+    storage = open_storage(url)  # opened once: prepared here, then used by the searcher
+    finished = prepare_study(storage, name, modes)
     grid = [] if cfg.search.sampler == "grid" else cfg.grid_points()
-    return StudyPlan(url, name, remaining_grid_points(grid, finished), len(finished))
+    return StudyPlan(url, storage, name, remaining_grid_points(grid, finished), len(finished))
 
 
 def _searcher(
@@ -250,7 +252,7 @@ def _searcher(
         mode=[o.mode for o in objectives] if multi else objectives[0].mode,
         sampler=build_sampler(cfg),
         points_to_evaluate=plan.points or None,
-        storage=open_storage(plan.storage_url),
+        storage=plan.storage,
         study_name=plan.study_name,
         max_steps=cfg.train.max_steps,
         objectives=objectives,
