@@ -8,6 +8,8 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
@@ -113,8 +115,24 @@ class ChoiceParam(_Strict):
     choice: list[Any] = Field(min_length=1, description="categorical, sampled by Optuna")
 
 
+def _ordered(kind: str, bounds: tuple) -> tuple:
+    low, high = bounds
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(
+            f"`low` and `high` must be finite numbers for {kind}, but got {list(bounds)}"
+        )
+    if low > high:
+        raise ValueError(f"`low <= high` must hold for {kind}: [low, high], but got {list(bounds)}")
+    return bounds
+
+
 class UniformParam(_Strict):
     uniform: tuple[float, float]
+
+    @field_validator("uniform")
+    @classmethod
+    def _low_high(cls, v):
+        return _ordered("uniform", v)
 
 
 class LogUniformParam(_Strict):
@@ -125,12 +143,27 @@ class LogUniformParam(_Strict):
     def _positive(cls, v):
         if v[0] <= 0:
             raise ValueError(f"`0 < low` must hold for loguniform, but got low={v[0]}")
-        return v
+        return _ordered("loguniform", v)
 
 
 class IntParam(_Strict):
     int: tuple[int, int]
     step: int = Field(1, ge=1)
+
+    @field_validator("int")
+    @classmethod
+    def _low_high(cls, v):
+        return _ordered("int", v)
+
+    @model_validator(mode="after")
+    def _step_fits(self) -> IntParam:
+        low, high = self.int
+        if (high - low) % self.step:
+            raise ValueError(
+                f"`(high - low) % step == 0` must hold for int (every value low, low+step, "
+                f"..., high), but got int=[{low}, {high}], step={self.step}"
+            )
+        return self
 
 
 SPACE_KINDS = {"grid", "choice", "uniform", "loguniform", "int"}
@@ -161,7 +194,12 @@ class SchedulerConfig(_Strict):
         description="asha (async successive halving), hyperband (async HyperBand: ASHA over "
         "several brackets), median (median stopping rule), none (every trial runs to the end)",
     )
-    grace_period: int = Field(2, ge=1, description="evaluations every trial gets before stopping")
+    grace_period: int = Field(
+        2,
+        ge=1,
+        description="evaluations every trial gets before stopping; when set, at most "
+        "ceil(train.max_steps / train.eval_every) (the default, 2, is lowered to that)",
+    )
     reduction_factor: float = Field(2, gt=1, description="asha/hyperband: keep 1/factor per rung")
     brackets: int = Field(3, ge=1, description="hyperband: number of brackets")
     min_samples_required: int = Field(
@@ -268,7 +306,10 @@ class SearchConfig(_Strict):
             if len(set(names)) != len(names):
                 raise ValueError(f"objectives repeat a metric: {names}")
             if self.sampler == "cmaes":
-                raise ValueError("cmaes optimises a single objective; use tpe, nsga2 or random")
+                raise ValueError(
+                    "sampler: cmaes optimises a single objective: with search.objectives, "
+                    "sampler must be tpe, nsga2 or random"
+                )
         return self
 
     def objective_list(self, default_metric: str) -> list[Objective]:
@@ -295,7 +336,19 @@ class TrackingConfig(_Strict):
 
 
 class RunConfig(_Strict):
-    storage_path: str | None = Field(None, description="Ray results (default: ./ray_results)")
+    """Where Ray keeps results and checkpoints, and how trials survive failures."""
+
+    storage_path: str | None = Field(
+        None,
+        description="Ray results and checkpoints: a local folder or a URI shared by every "
+        "node (s3://bucket/path) (default: ~/ray_results)",
+    )
+    max_failures: int = Field(
+        2,
+        ge=-1,
+        description="restarts of a trial whose worker dies (process killed, node lost), each "
+        "from its latest checkpoint; -1: no limit. A diverging loss is never retried",
+    )
 
 
 # Built from the registry: a registered method's config is accepted under its `name`.
@@ -357,9 +410,18 @@ class ExperimentConfig(_Strict):
                 METHODS[name].config_cls.model_validate(self.method_settings(name))
             except ValidationError as err:
                 first = err.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"])
-                msg = first["msg"].removeprefix("Value error, ")
-                raise ValueError(f"methods.{name}.{loc}: {msg}".rstrip(".")) from None
+                loc = _loc_text(list(first["loc"]))
+                msg = (
+                    "unknown key"
+                    + _key_hint(list(first["loc"]), METHODS[name].config_cls, f"methods.{name}")
+                    if first["type"] == "extra_forbidden"
+                    else describe_error(first)
+                )
+                got = first.get("input")
+                got_text = (
+                    "" if first["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
+                )
+                raise ValueError(f"methods.{name}.{loc}: {msg}{got_text}") from None
         return self
 
     def method_settings(self, name: str) -> dict[str, Any]:
@@ -399,8 +461,9 @@ class ExperimentConfig(_Strict):
             for key, param in self.space.items():
                 if not isinstance(param, (GridParam, ChoiceParam)):
                     raise ValueError(
-                        f"search.sampler: grid runs every combination of grid/choice keys, "
-                        f"but space.{key} is continuous; use choice, or another sampler"
+                        f"search.sampler: grid runs every combination of grid/choice keys, so "
+                        f"every space key must be grid or choice, but space.{key} is "
+                        "continuous; use choice, or another sampler"
                     )
                 if is_conditional(key):
                     raise ValueError(
@@ -421,6 +484,23 @@ class ExperimentConfig(_Strict):
             raise ValueError(
                 "search.sampler: cmaes needs at least one uniform, loguniform or int space key "
                 "(it samples the others at random)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _batch_splits_over_workers(self) -> ExperimentConfig:
+        workers = self.resources.workers_per_trial
+        if self.resources.trial_runner == "in_process" and workers != 1:
+            raise ValueError(
+                "resources.workers_per_trial: `workers_per_trial == 1` must hold with "
+                "trial_runner: in_process (it trains in the Tune trial itself), but got "
+                f"workers_per_trial={workers}; use trial_runner: ray_train or auto for DDP"
+            )
+        if self.train.batch_size % workers:
+            raise ValueError(
+                f"train.batch_size: `batch_size % resources.workers_per_trial == 0` must hold "
+                f"(DDP splits the global batch evenly over the workers), but got "
+                f"batch_size={self.train.batch_size}, workers_per_trial={workers}"
             )
         return self
 
@@ -480,20 +560,26 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def format_validation_error(err: ValidationError, source: str) -> str:
-    """First error of a pydantic ValidationError as ``SOURCE: key.path: message (got X)``."""
+    """First error of a pydantic ValidationError as ``SOURCE: key.path: rule (got X)``."""
     first = err.errors()[0]
-    parts = [str(p) for p in first["loc"] if not _is_union_tag(p)]
-    # a space entry's tag repeats its key (space.x.grid.grid): keep one
-    loc = ".".join(p for i, p in enumerate(parts) if i == 0 or p != parts[i - 1])
-    msg = first["msg"].removeprefix("Value error, ")
+    raw = [p for p in first["loc"]]
+    is_key = bool(raw) and raw[-1] == "[key]"  # a mapping's key (not its value) is wrong
+    if is_key:
+        raw = raw[:-1]
+    loc = _loc_text(raw)
+    msg = describe_error(first)
     if first["type"] == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + _key_hint(raw)
     elif first["type"] == "union_tag_invalid":
         msg = f"unknown method {first['input'].get('name')!r}; expected one of {sorted(METHODS)}"
+    elif is_key:
+        msg = f"unknown key; {msg}"
     got = first.get("input")
     got_text = (
-        ""
-        if first["type"] in ("missing", "extra_forbidden") or isinstance(got, dict)
+        ""  # custom checks (value_error) state what they got themselves
+        if first["type"] in ("missing", "extra_forbidden", "value_error", "assertion_error")
+        or isinstance(got, dict)
+        or is_key
         else f" (got {got!r})"
     )
     more = len(err.errors()) - 1
@@ -503,9 +589,168 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     return f"{source}: {loc}: {msg}{got_text}{tail}"
 
 
+def _loc_text(loc: list[Any]) -> str:
+    """``("search", "objectives", 0, "metric")`` -> ``search.objectives[0].metric``; union
+    tags (a method's name, a space entry's kind repeated) are dropped."""
+    parts = [p for p in loc if not _is_union_tag(p)]
+    out = ""
+    for i, part in enumerate(parts):
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif i and part == parts[i - 1]:  # a space entry's tag repeats its key: keep one
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+# pydantic's wording ("Input should be ...") restated as the rule that must hold
+_RULES = {
+    "missing": "required key is missing (it must be given)",
+    "missing_item": "an item is missing here: the list must have one more value",
+    "greater_than": "must be > {gt}",
+    "greater_than_equal": "must be >= {ge}",
+    "less_than": "must be < {lt}",
+    "less_than_equal": "must be <= {le}",
+    "multiple_of": "must be a multiple of {multiple_of}",
+    "finite_number": "must be a finite number",
+    "int_type": "must be an integer",
+    "int_parsing": "must be an integer",
+    "int_from_float": "must be an integer (no fractional part)",
+    "float_type": "must be a number",
+    "float_parsing": "must be a number",
+    "bool_type": "must be true or false",
+    "bool_parsing": "must be true or false",
+    "string_type": "must be a string",
+    "string_too_short": "must have at least {min_length} character(s)",
+    "string_pattern_mismatch": "must match the pattern {pattern}",
+    "literal_error": "must be one of {expected}",
+    "enum": "must be one of {expected}",
+    "too_short": "must have at least {min_length} item(s)",
+    "too_long": "must have at most {max_length} item(s)",
+    "list_type": "must be a list",
+    "tuple_type": "must be a list",
+    "set_type": "must be a list",
+    "dict_type": "must be a mapping of keys",
+    "model_type": "must be a mapping of keys",
+    "model_attributes_type": "must be a mapping of keys",
+    "path_type": "must be a path (a string)",
+    "union_tag_not_found": "must name the method: `name: <method>`, one of {methods}",
+}
+
+
+def describe_error(error: dict[str, Any]) -> str:
+    """One pydantic error's message as the rule that must hold (custom checks say it
+    themselves)."""
+    kind = error["type"]
+    if kind == "missing" and error["loc"] and isinstance(error["loc"][-1], int):
+        kind = "missing_item"  # a tuple given too few values
+    template = _RULES.get(kind)
+    if template is not None:
+        ctx = {**error.get("ctx", {}), "methods": ", ".join(sorted(METHODS))}
+        try:
+            return template.format(**ctx)
+        except (KeyError, IndexError):
+            pass
+    return error["msg"].removeprefix("Value error, ").rstrip(".")
+
+
+def _key_hint(loc: list[Any], root: Any = None, shown: str = "") -> str:
+    """``; did you mean X?`` (close names), else the keys that section takes."""
+    known = _known_keys(loc[:-1], root)
+    if not known or not isinstance(loc[-1], str):
+        return ""
+    prefix = ".".join(p for p in (shown, _loc_text(list(loc[:-1]))) if p)
+    prefix = f"{prefix}." if prefix else ""
+    close = _close_names(loc[-1], known)
+    if close:
+        return f"; did you mean {' or '.join(prefix + c for c in close)}?"
+    return f"; the keys there are {', '.join(known)}"
+
+
+def _close_names(word: str, known: list[str]) -> list[str]:
+    """Names ``word`` may be a typo of: same letters in another case, a prefix either way
+    (grace -> grace_period), then difflib's close matches."""
+    low = word.lower()
+    same = [k for k in known if k.lower() == low]
+    prefix = [
+        k for k in known if len(low) >= 3 and (k.lower().startswith(low) or low.startswith(k))
+    ]
+    similar = difflib.get_close_matches(word, known, n=3, cutoff=0.6)
+    return list(dict.fromkeys([*same, *prefix, *similar]))[:3]
+
+
+def _known_keys(loc: list[Any], root: Any = None) -> list[str] | None:
+    """Field names of the model an error location points into (None: not a model)."""
+    node: Any = root or ExperimentConfig
+    for part in loc:
+        node = _step(node, part)
+        if node is None:
+            return None
+    node = _unwrap(node)
+    if typing.get_origin(node) in (Union, types.UnionType):  # X | None
+        members = [_unwrap(a) for a in typing.get_args(node) if a is not type(None)]
+        node = members[0] if len(members) == 1 else None
+    if isinstance(node, type) and issubclass(node, BaseModel):
+        return list(node.model_fields)
+    return None
+
+
+def _unwrap(ann: Any) -> Any:
+    while typing.get_origin(ann) is Annotated:
+        ann = typing.get_args(ann)[0]
+    return ann
+
+
+def _step(ann: Any, part: Any) -> Any:
+    """The annotation one location ``part`` below ``ann`` (None when it cannot tell)."""
+    ann = _unwrap(ann)
+    origin = typing.get_origin(ann)
+    if origin in (Union, types.UnionType):
+        members = [_unwrap(a) for a in typing.get_args(ann) if a is not type(None)]
+        if len(members) == 1:  # X | None
+            return _step(members[0], part)
+        models = [m for m in members if isinstance(m, type) and issubclass(m, BaseModel)]
+        for model in models:  # a discriminator tag: a method's name, a space entry's kind
+            name = model.model_fields.get("name")
+            if (name is not None and name.default == part) or (
+                len(model.model_fields) <= 2 and part in model.model_fields
+            ):
+                return model
+        return None
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        field = ann.model_fields.get(part) if isinstance(part, str) else None
+        return None if field is None else field.annotation
+    if origin is dict:
+        return typing.get_args(ann)[1]
+    if origin in (list, tuple) and isinstance(part, int):
+        args = typing.get_args(ann)
+        return args[0] if args else None
+    return None
+
+
 def _is_union_tag(part: Any) -> bool:
     # pydantic puts the discriminator tag / union member names into error locations
     return isinstance(part, str) and part in METHODS
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice in one mapping is an error (the
+    plain loader silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r}; each key must appear once in a mapping",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
@@ -515,14 +760,22 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
         text = path.read_text()
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.__class__.__name__}: {exc})") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: cannot read: not UTF-8 text (byte {exc.object[exc.start : exc.start + 1]!r} "
+            f"at position {exc.start}); an experiment file must be UTF-8 YAML"
+        ) from None
+    except OSError as exc:
+        why = exc.strerror or exc.__class__.__name__
+        raise ConfigError(f"{path}: cannot read ({why}); the file must be readable") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}") from None
+        problem = getattr(exc, "problem", None)
+        why = f" ({' '.join(str(problem).split())})" if problem else ""
+        raise ConfigError(f"{path}: not valid YAML{where}{why}") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -550,7 +803,25 @@ def validate_experiment(data: dict, source: str) -> ExperimentConfig:
     except ValidationError as err:
         raise ConfigError(format_validation_error(err, source)) from None
     _check_space_keys(cfg, source)
+    _check_scheduler(cfg, source)
     return cfg
+
+
+def _check_scheduler(cfg: ExperimentConfig, source: str) -> None:
+    """A grace period the file sets must fit the trials' evaluations (the default, 2, is
+    lowered to fit). Checked on the file, not on each trial: the scheduler is built once,
+    from the file's train section."""
+    sched = cfg.search.scheduler
+    if sched.type == "none" or "grace_period" not in sched.model_fields_set:
+        return
+    evaluations = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
+    if sched.grace_period > evaluations:
+        raise ConfigError(
+            f"{source}: search.scheduler.grace_period: `grace_period <= {evaluations}` must "
+            f"hold (it counts evaluations, and a trial has ceil(train.max_steps / "
+            f"train.eval_every) = ceil({cfg.train.max_steps} / {cfg.train.eval_every}) = "
+            f"{evaluations}), but got grace_period={sched.grace_period}"
+        )
 
 
 def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
@@ -654,3 +925,123 @@ def experiment_json_schema() -> dict[str, Any]:
     # the name defaults to the file's stem when the file leaves it out
     schema["required"] = [k for k in schema.get("required", []) if k != "name"]
     return schema
+
+
+# ----------------------------------------------------------------------------- checks beyond
+# the schema that look at this machine (the CLI runs them before anything starts)
+
+
+def space_candidates(cfg: ExperimentConfig, max_int_values: int = 64) -> dict[str, list[Any]]:
+    """Values of each searched key worth resolving before a search: every grid/choice value,
+    every value of a short int range (else its ends), the ends of uniform/loguniform."""
+    out: dict[str, list[Any]] = {}
+    for key, param in cfg.space.items():
+        if isinstance(param, IntParam):
+            low, high = param.int
+            count = (high - low) // param.step + 1
+            values = range(low, high + 1, param.step)
+            out[key] = list(values) if count <= max_int_values else [low, values[-1]]
+        else:
+            out[key] = list(dict.fromkeys(_candidate_values(param)))
+    return out
+
+
+_ALIASES_HINT = "minilm, tiny-bert, tiny-t5, tiny-gpt2, tiny-llama"
+
+
+def _env_true(name: str) -> bool:
+    import os
+
+    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def check_model_name(model: ModelConfig) -> None:
+    """``model.name`` is an alias, a local model folder, or a Hugging Face id that can be
+    loaded: with ``HF_HUB_OFFLINE`` set it must be in the local cache. Raises ConfigError
+    before ``from_pretrained`` would try (and, offline or without a network, wait on) the Hub."""
+    from raypeft.backbones import TINY_CONFIGS
+
+    name = model.name
+    if name in TINY_CONFIGS or name == "minilm":
+        return
+    must = (
+        "it must be a local model folder (with config.json), a Hugging Face model id "
+        f"(name or org/name) or an alias ({_ALIASES_HINT})"
+    )
+    path = Path(name).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model.name: {name}: no config.json in this folder; {must}")
+        return
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        if name.startswith(("/", "./", "../", "~", ".\\")):
+            raise HFValidationError("a path")
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ConfigError(f"model.name: {name}: no such folder; {must}") from None
+    if _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE"):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(name, "config.json", revision=model.revision)
+        if not isinstance(cached, str):
+            raise ConfigError(
+                f"model.name: {name!r} is neither a local folder nor in the Hugging Face cache, "
+                f"and HF_HUB_OFFLINE is set; {must} (download it first, or go online)"
+            )
+
+
+def check_stores(cfg: ExperimentConfig) -> None:
+    """The MLflow tracking URI and the Optuna storage can be opened: a known scheme, and a
+    local sqlite file's folder exists (nothing is created here)."""
+    import os
+
+    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        _check_tracking_uri(uri, "tracking.uri" if cfg.tracking.uri else "MLFLOW_TRACKING_URI")
+    if cfg.search.storage:
+        _check_sqlite_folder(cfg.search.storage, "search.storage")
+        scheme = cfg.search.storage.split(":", 1)[0].split("+", 1)[0].lower()
+        if "://" not in cfg.search.storage or scheme not in _SQL_SCHEMES:
+            raise ConfigError(
+                f"search.storage: {cfg.search.storage!r} must be a database URL "
+                f"({', '.join(sorted(_SQL_SCHEMES))}), e.g. sqlite:///optuna.db"
+            )
+
+
+_SQL_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "oracle"}
+
+
+def _check_tracking_uri(uri: str, key: str) -> None:
+    from urllib.parse import urlparse
+
+    scheme = urlparse(uri).scheme.lower()
+    if len(scheme) == 1:  # a Windows drive letter: a local path
+        scheme = ""
+    known = {"", "file", "http", "https", "databricks", "databricks-uc", "uc", *_SQL_SCHEMES}
+    try:  # MLflow's registry, plugins included
+        from mlflow.tracking._tracking_service.utils import _tracking_store_registry
+
+        known |= set(getattr(_tracking_store_registry, "_registry", {}))
+    except Exception:  # a private API: the list above is the fallback
+        pass
+    if scheme not in known and scheme.split("+", 1)[0] not in _SQL_SCHEMES:
+        raise ConfigError(
+            f"{key}: {uri!r} has the unknown scheme {scheme!r}; it must be an MLflow tracking "
+            "URI (sqlite:///mlflow.db, a folder, file://..., http(s)://..., postgresql://...)"
+        )
+    _check_sqlite_folder(uri, key)
+
+
+def _check_sqlite_folder(url: str, key: str) -> None:
+    if not url.startswith("sqlite:///"):
+        return
+    db = url[len("sqlite:///") :].split("?", 1)[0]
+    if not db or db == ":memory:":
+        return
+    folder = Path(db).expanduser().parent
+    if not folder.is_dir():
+        raise ConfigError(
+            f"{key}: {url}: the folder {folder} does not exist; the sqlite file's folder must exist"
+        )

@@ -147,3 +147,16 @@ def _checked(corpus: Corpus) -> Corpus:
             f"got {corpus.categories}"
         )
     return corpus
+
+
+def check_corpus(path: str | Path | None) -> None:
+    """Cheap check that a corpus can be found (before trials start; reading it is
+    :func:`load_corpus`'s job). Raises :class:`ConfigError`."""
+    where = resolve_corpus_path(path)
+    if not where.exists():
+        raise ConfigError(f"method.corpus: {where}: no such file or folder")
+    if not where.is_dir() and where.suffix.lower() not in _TABLE_FORMATS:
+        raise ConfigError(
+            f"method.corpus: {where}: unsupported format (use a folder of <category>/*.txt, "
+            "or a .jsonl, .csv or .parquet file)"
+        )

@@ -89,7 +89,9 @@ def test_validate_names_file_and_key_on_error(tmp_path):
     path.write_text(yaml.safe_dump(data))
     result = invoke("validate", str(path))
     assert result.exit_code == 2
-    assert result.output.strip().splitlines() == [f"error: {path}: train.max_stepz: unknown key"]
+    assert result.output.strip().splitlines() == [
+        f"error: {path}: train.max_stepz: unknown key; did you mean train.max_steps?"
+    ]
 
 
 def test_validate_rejects_budget_leaving_no_rank(tmp_path):
