@@ -9,8 +9,8 @@ test split scores. Each repeat is a nested MLflow run tagged ``raypeft.role=repe
 
 from __future__ import annotations
 
+import json
 import math
-import pickle
 import statistics
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,12 +40,13 @@ class FixedConfigs(Searcher):
         pass  # nothing to learn: the configs are fixed
 
     def save(self, checkpoint_path: str) -> None:  # Tune snapshots searchers for resuming
-        with open(checkpoint_path, "wb") as f:
-            pickle.dump((self.configs, self.given), f)
+        with open(checkpoint_path, "w") as f:
+            json.dump({"configs": self.configs, "given": self.given}, f)
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as f:
-            self.configs, self.given = pickle.load(f)
+        with open(checkpoint_path) as f:
+            state = json.load(f)
+        self.configs, self.given = state["configs"], state["given"]
 
 
 @dataclass
