@@ -28,49 +28,84 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # with a tracking server MLflow prints two "View run" links per run closed (--quiet too)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _check_resolvable(cfg: ExperimentConfig, source: str) -> None:
-    """Checks beyond the schema, all prefixed with the file's name."""
+def _check_resolvable(cfg: ExperimentConfig, source: str, *, address: str | None = None) -> None:
+    """Checks beyond the schema, all prefixed with the file's name.
+
+    The task's files, the model, the metrics, every method setting the space can produce,
+    the stores, and (without ``address``: the local Ray ``raypeft tune`` starts) that one
+    trial's resources fit this machine. A cluster (``address``) is checked once connected.
+    """
     try:
         _check_task_and_model(cfg, source)
+        from raypeft.config import check_stores
+
+        check_stores(cfg)
+        if address is None:
+            from raypeft.resources import check_fits, local_nodes
+
+            check_fits(cfg, local_nodes())
     except ConfigError as exc:
         text = str(exc)
         raise ConfigError(text if text.startswith(f"{source}: ") else f"{source}: {text}") from None
 
 
 def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
-    """The task and model exist, the metric is the task's, every DePT rank is >= 1."""
+    """The task and model exist, the metric is the task's, and every method setting the
+    space can produce resolves on the backbone (DePT's rank >= 1, PHM sizes, ...)."""
     import itertools
+    import math
+
+    from pydantic import ValidationError
 
     from raypeft.backbones import backbone_dims, load_config
-    from raypeft.config import ChoiceParam, GridParam, apply_trial_params
-    from raypeft.data.tasks import resolve_task_spec
+    from raypeft.config import (
+        apply_trial_params,
+        check_model_name,
+        format_validation_error,
+        space_candidates,
+    )
+    from raypeft.data.corpora import check_corpus
+    from raypeft.data.tasks import check_task_files, resolve_task_spec
 
     spec = resolve_task_spec(cfg.task)
-    for split, path in (cfg.task.files or {}).items():
-        if not Path(path).is_file():
-            raise ConfigError(f"task.files.{split}: {path}: file not found")
-    if cfg.task.data_dir is not None and not Path(cfg.task.data_dir).is_dir():
-        raise ConfigError(f"task.data_dir: {cfg.task.data_dir}: no such folder")
+    check_task_files(cfg.task)  # exist, readable, not empty, columns in the header
     from raypeft.searcher import resolve_constraints, resolve_objectives
 
     resolve_objectives(cfg, spec.metrics)  # search.metric / objectives / constraints name
     resolve_constraints(cfg, spec.metrics)  # metrics this task reports
+    check_model_name(cfg.model)  # a missing folder or uncached id fails here, not on the Hub
     config = load_config(cfg.model, spec.num_labels or 2, spec.problem)
     dims = backbone_dims(config, cfg.model.max_length, cfg.model.name)
-    discrete = {
-        k: (p.grid if isinstance(p, GridParam) else p.choice)
-        for k, p in cfg.space.items()
-        if isinstance(p, (GridParam, ChoiceParam))
-    }
-    for combo in itertools.product(*discrete.values()) if discrete else [()]:
-        params = dict(zip(discrete, combo, strict=True))
+    candidates = space_candidates(cfg)
+    combos = math.prod(len(v) for v in candidates.values())
+    if combos <= 2000:  # every combination of the searched keys' values
+        trials = [
+            dict(zip(candidates, combo, strict=True))
+            for combo in itertools.product(*candidates.values())
+        ]
+    else:  # too many: each key's values with the file's others
+        trials = [{k: v} for k, values in candidates.items() for v in values]
+    checked: set[str] = set()
+    for params in trials or [{}]:
+        where = " ".join(f"{k}={v}" for k, v in params.items()) or "method"
         try:
-            apply_trial_params(cfg, params).method.resolve(dims).check_backbone(dims)
+            method = apply_trial_params(cfg, params).method
+        except ValidationError as err:  # values that are valid alone but not together
+            raise ConfigError(f"{format_validation_error(err, source)} [from {where}]") from None
+        try:
+            key = method.model_dump_json()
+            if key in checked:
+                continue
+            checked.add(key)
+            method.resolve(dims).check_backbone(dims)
+            if hasattr(method, "corpus") and getattr(method, "strategy", None) != "random":
+                check_corpus(method.corpus)  # IPT's pretraining corpus (built before trials)
         except ValueError as exc:
-            where = " ".join(f"{k}={v}" for k, v in params.items()) or "method"
             raise ConfigError(f"{source}: {where}: {exc}") from None
 
 
@@ -84,7 +119,34 @@ OVERRIDES = click.option(
 )
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class OneLineErrors(click.Group):
+    """Click's own usage errors (an unknown option, a missing ``--space``, a folder given as
+    the file) as one ``error:`` line with exit code 2, like every other user error, instead of
+    a usage block."""
+
+    def main(self, *args, standalone_mode: bool = True, **kwargs):
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as exc:  # plain `raypeft`: its help
+            click.echo(exc.ctx.get_help())
+            sys.exit(0)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx else "raypeft"
+            message = " ".join(exc.format_message().split())
+            click.echo(f"error: {message} (see '{where} --help')", err=True)
+            sys.exit(EXIT_USER_ERROR)
+        except click.ClickException as exc:
+            click.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        if not standalone_mode:
+            return rv
+        sys.exit(rv if isinstance(rv, int) else 0)  # --help and --version return 0
+
+
+@click.group(cls=OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="raypeft")
 def main() -> None:
     """Distributed hyperparameter search for prompt-based PEFT (Ray Tune + Optuna + MLflow)."""
@@ -103,6 +165,12 @@ def main() -> None:
 @TRACKING_URI
 @click.option("--quiet", is_flag=True, help="print only the final summary (for scripts)")
 @click.option(
+    "--resume",
+    is_flag=True,
+    help="continue the experiment's interrupted search (its driver died): finished trials "
+    "are kept, unfinished ones continue from their checkpoints, in the same MLflow runs",
+)
+@click.option(
     "--progress-interval",
     type=click.FloatRange(min=1),
     default=30.0,
@@ -115,6 +183,7 @@ def tune(
     address: str | None,
     tracking_uri: str | None,
     quiet: bool,
+    resume: bool,
     progress_interval: float,
 ) -> None:
     """Run the hyperparameter search an experiment file describes."""
@@ -123,7 +192,7 @@ def tune(
         overrides = (*overrides, f"tracking.uri={tracking_uri}")
     try:
         cfg = load_experiment(space_file, list(overrides))
-        _check_resolvable(cfg, str(space_file))
+        _check_resolvable(cfg, str(space_file), address=address)
     except ConfigError as exc:
         _fail(str(exc))
     from raypeft.tune import SearchFailed, run_experiment
@@ -135,6 +204,7 @@ def tune(
             quiet=quiet,
             source=str(space_file),
             progress_interval=progress_interval,
+            resume=resume,
         )
     except ConfigError as exc:  # e.g. a task's data turned out unusable
         _fail(str(exc))
@@ -145,6 +215,8 @@ def tune(
 
 
 def _print_summary(s) -> None:
+    from raypeft.redact import redact_uri
+
     echo = click.echo
     echo("")
     echo(
@@ -195,10 +267,10 @@ def _print_summary(s) -> None:
     echo(
         f"MLflow: experiment {s.experiment!r} (id {s.experiment_id}), parent run {s.parent_run_id}"
     )
-    echo(f"  store {s.tracking_uri}; browse with: raypeft ui {s.experiment}")
-    echo(f"Optuna study {s.optuna_study!r} in {s.optuna_storage}")
-    echo(f"  browse with: optuna-dashboard {s.optuna_storage}")
-    echo(f"Ray results: {s.storage_path}")
+    echo(f"  store {redact_uri(s.tracking_uri)}; browse with: raypeft ui {s.experiment}")
+    echo(f"Optuna study {s.optuna_study!r} in {redact_uri(s.optuna_storage)}")
+    echo(f"  browse with: optuna-dashboard {redact_uri(s.optuna_storage)}")
+    echo(f"Ray results: {redact_uri(s.storage_path)}")
 
 
 @main.command()
@@ -235,7 +307,15 @@ def schema(out: Path | None) -> None:
     help="the experiment file (as for tune; or give it as the argument)",
 )
 @OVERRIDES
-def validate(file: Path | None, space_file: Path | None, overrides: tuple[str, ...]) -> None:
+@click.option(
+    "--address",
+    default=None,
+    help="the Ray cluster the file is for, as tune takes it: the resources are then not "
+    "checked against this machine (default: they must fit it, as a local tune needs)",
+)
+def validate(
+    file: Path | None, space_file: Path | None, overrides: tuple[str, ...], address: str | None
+) -> None:
     """Check an experiment file without running anything."""
     if (file is None) == (space_file is None):
         _fail("name one experiment file: raypeft validate FILE (or --space FILE)")
@@ -243,7 +323,7 @@ def validate(file: Path | None, space_file: Path | None, overrides: tuple[str, .
     _quiet_libraries()
     try:
         cfg = load_experiment(file, list(overrides))
-        _check_resolvable(cfg, str(file))
+        _check_resolvable(cfg, str(file), address=address)
     except ConfigError as exc:
         _fail(str(exc))
     grid = cfg.grid_points()
@@ -251,6 +331,7 @@ def validate(file: Path | None, space_file: Path | None, overrides: tuple[str, .
         f"{file}: ok ({cfg.method.name} on {cfg.model.name}, task {cfg.task.name}, "
         f"{cfg.search.num_samples} trials, {len(cfg.space)} searched keys"
         + (f", joint grid of {len(grid)} points" if grid else "")
+        + (f"; resources not checked: cluster {address}" if address else "")
         + ")"
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
+from raypeft.result_keys import FAILURE_KEY
 from raypeft.space import DERIVED_PREFIX
 
 
@@ -66,6 +67,9 @@ class ProgressPrinter(Callback):
         step = result.get("step", 0)
         best = result.get(self.metric_key)
         how = "finished" if step >= self.max_steps else f"stopped early at step {step}"
+        if FAILURE_KEY in result:
+            self.echo(f"[{self._done}/{self.num_samples}] {trial} FAILED: {result[FAILURE_KEY]}")
+            return
         score = f"{self.metric_key} {_fmt(best)}" if best is not None else "no result"
         self.echo(f"[{self._done}/{self.num_samples}] {trial} {how}: {score}")
 

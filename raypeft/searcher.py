@@ -29,6 +29,8 @@ from raypeft.config import (
     is_conditional,
 )
 from raypeft.data.metrics import METRIC_MODE
+from raypeft.redact import redact_uri
+from raypeft.result_keys import FAILURE_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -157,16 +159,22 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
         return optuna.storages.RDBStorage(url)
     except Exception as exc:  # bad URL, unreachable database, missing driver
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"search.storage: cannot open Optuna storage {url!r}: {first}") from None
+        raise ConfigError(
+            f"search.storage: cannot open Optuna storage {redact_uri(url)!r}: {redact_uri(first)}"
+        ) from None
 
 
 def prepare_study(
-    storage: optuna.storages.BaseStorage, study_name: str, modes: list[str]
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    modes: list[str],
+    resuming: bool = False,
 ) -> list[dict[str, Any]]:
     """Get a persisted study ready to be continued; returns the params of its finished trials.
 
     Trials left RUNNING or WAITING by a search that died are marked FAIL, so the sampler does
-    not hand them out again. A study created for other objective directions is refused.
+    not hand them out again - unless that search is being resumed (``resuming``): its trials
+    continue. A study created for other objective directions is refused.
     """
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -186,11 +194,31 @@ def prepare_study(
         )
     finished = []
     for trial in study.get_trials(deepcopy=False):
-        if trial.state in (TrialState.RUNNING, TrialState.WAITING):
+        if trial.state in (TrialState.RUNNING, TrialState.WAITING) and not resuming:
             storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         elif trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
             finished.append(dict(trial.params))
     return finished
+
+
+def fail_orphans(storage: optuna.storages.BaseStorage, study_name: str, parent_run_id: str) -> int:
+    """After a resumed search: mark FAIL the trials of this search still RUNNING.
+
+    They were asked for by the searcher just before the driver died, after Tune's last
+    snapshot of the experiment, so no Tune trial will ever finish them. Returns how many.
+    """
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    orphans = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
+    ]
+    for trial in orphans:
+        storage.set_trial_user_attr(
+            trial._trial_id, "raypeft.error", "interrupted before Ray Tune recorded it"
+        )
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    return len(orphans)
 
 
 def remaining_grid_points(
@@ -242,10 +270,23 @@ class PruningAwareSearch(OptunaSearch):
         if value is None or not math.isfinite(float(value)):
             return
         step = int(result.get("step", result.get("training_iteration", 0)))
+        if self._already_told(trial_id):
+            return
         self._ot_trials[trial_id].report(float(value), step)
+
+    def _already_told(self, trial_id: str) -> bool:
+        """Whether the study already holds the trial's end: a search whose driver died after
+        telling Optuna, but before Tune's last snapshot, re-runs the trial's last steps."""
+        ot_trial = self._ot_trials[trial_id]
+        if ot_trial.storage.get_trial(ot_trial._trial_id).state.is_finished():
+            self._completed_trials.add(trial_id)
+            return True
+        return False
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+            return
+        if self._already_told(trial_id):
             return
         ot_trial = self._ot_trials[trial_id]
         result = result or {}
@@ -266,7 +307,10 @@ class PruningAwareSearch(OptunaSearch):
             step = metrics["step"]
             if step not in ot_trial.storage.get_trial(ot_trial._trial_id).intermediate_values:
                 ot_trial.report(float(values[0]), step)
-        if error or any(v is None or not math.isfinite(float(v)) for v in values):
+        failure = result.get(FAILURE_KEY)  # the loss diverged (raypeft.train)
+        if failure:
+            ot_trial.set_user_attr("raypeft.error", str(failure)[:1000])
+        if error or failure or any(v is None or not math.isfinite(float(v)) for v in values):
             state, values = TrialState.FAIL, None
         elif metrics["step"] < self.max_steps:
             state, values = TrialState.PRUNED, None  # value: its last intermediate value

@@ -21,8 +21,17 @@ from ray.tune.experiment import Trial
 
 from raypeft.config import EFFICIENCY_METRICS, ExperimentConfig, flatten
 from raypeft.methods import BackboneDims
+from raypeft.redact import redact_config, redact_params, redact_uri
 from raypeft.repeats import REPEAT_OF
-from raypeft.runs import DEFAULT_TRACKING_URI, ROLE_TAG, TRIAL_ID_TAG  # noqa: F401
+from raypeft.result_keys import FAILURE_KEY, RESUMED_KEY, WORKER_KEYS
+from raypeft.resume import RESUME_DIR
+from raypeft.runs import (  # noqa: F401
+    BEST_MODEL_ARTIFACTS,
+    DEFAULT_TRACKING_URI,
+    MODEL_ARTIFACTS,
+    ROLE_TAG,
+    TRIAL_ID_TAG,
+)
 from raypeft.space import trial_config
 
 _BATCH = 100  # MLflow accepts at most 100 params per log_batch call
@@ -39,7 +48,7 @@ def open_experiment(client: MlflowClient, name: str) -> str:
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
-    items = [Param(k, _param_text(v)) for k, v in sorted(params.items())]
+    items = [Param(k, _param_text(v)) for k, v in sorted(redact_params(params).items())]
     for i in range(0, len(items), _BATCH):
         client.log_batch(run_id, params=items[i : i + _BATCH])
 
@@ -67,7 +76,7 @@ def start_parent_run(
     log_params(client, run.info.run_id, params)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "experiment.yaml"
-        path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        path.write_text(yaml.safe_dump(redact_config(cfg.model_dump(mode="json")), sort_keys=False))
         client.log_artifact(run.info.run_id, str(path))
     return run.info.run_id
 
@@ -82,6 +91,17 @@ def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
         and isinstance(v, (int, float))
         and math.isfinite(v)
     }
+
+
+def log_model(client: MlflowClient, run_id: str, folder: Path, artifact_path: str) -> None:
+    """Log a checkpoint's model files (best tensors, config, task), not its resume state."""
+    for path in sorted(Path(folder).iterdir()):
+        if path.name == RESUME_DIR:
+            continue
+        if path.is_dir():
+            client.log_artifacts(run_id, str(path), artifact_path=f"{artifact_path}/{path.name}")
+        else:
+            client.log_artifact(run_id, str(path), artifact_path=artifact_path)
 
 
 def checkpoint_dir(tune_checkpoint, train_checkpoint_path: str | None) -> Path | None:
@@ -122,6 +142,8 @@ class MLflowTrialCallback(Callback):
         self.run_ids: dict[str, str] = {}
         self.train_checkpoints: dict[str, str] = {}  # trial id -> latest Ray Train checkpoint
         self.tune_checkpoints: dict[str, Any] = {}  # trial id -> its latest Tune checkpoint
+        self._worker_tags: dict[str, dict[str, str]] = {}  # trial id -> node/pid last tagged
+        self._logged_steps: dict[str, int] = {}  # trial id -> last step logged (resumed runs)
 
     def best_checkpoint_dir(self, trial_id: str) -> Path | None:
         """Local folder of the trial's best checkpoint (the latest one it reported)."""
@@ -129,8 +151,84 @@ class MLflowTrialCallback(Callback):
             self.tune_checkpoints.get(trial_id), self.train_checkpoints.get(trial_id)
         )
 
+    # Tune saves this with the experiment: a resumed search knows its trials' runs
+    def get_state(self) -> dict:
+        return {
+            "run_ids": self.run_ids,
+            "train_checkpoints": self.train_checkpoints,
+            "logged_steps": self._logged_steps,
+        }
+
+    def set_state(self, state: dict) -> None:
+        self.run_ids.update(state.get("run_ids", {}))
+        self.train_checkpoints.update(state.get("train_checkpoints", {}))
+        for trial_id, step in state.get("logged_steps", {}).items():
+            # MLflow (adopt_existing_runs) may already know a later step than Tune's snapshot
+            self._logged_steps[trial_id] = max(step, self._logged_steps.get(trial_id, -1))
+
+    def adopt_existing_runs(self) -> None:
+        """Resuming a search: map its trials to the child runs MLflow already holds, and note
+        the last step each logged, so no run is duplicated and no step logged twice."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{self.parent_run_id}'",
+            max_results=10_000,
+        )
+        for run in runs:
+            trial_id = run.data.tags.get(TRIAL_ID_TAG)
+            if not trial_id:
+                continue
+            self.run_ids[trial_id] = run.info.run_id
+            history = self.client.get_metric_history(run.info.run_id, "train_loss")
+            self._logged_steps[trial_id] = max((m.step for m in history), default=-1)
+
+    def collect_results(self, results) -> None:
+        """After the search: every trial's latest checkpoint from Tune's results (a resumed
+        search never sees the trials that had finished before it), and no run left RUNNING.
+
+        A run still RUNNING belongs to a trial Tune ended without a callback reaching MLflow,
+        or to one started after Tune's last snapshot of an interrupted search (Tune re-ran
+        that one as a new trial): it is closed as FAILED or KILLED, with the reason.
+        """
+        ended: dict[str, bool] = {}  # trial id -> failed
+        for result in results:
+            metrics = result.metrics or {}
+            trial_id = metrics.get("trial_id")
+            if not trial_id:
+                continue
+            if result.checkpoint is not None:
+                self.tune_checkpoints.setdefault(trial_id, result.checkpoint)
+            if metrics.get("checkpoint_path"):
+                self.train_checkpoints.setdefault(trial_id, metrics["checkpoint_path"])
+            ended[trial_id] = result.error is not None or FAILURE_KEY in metrics
+        for trial_id, run_id in self.run_ids.items():
+            if self.client.get_run(run_id).info.status != "RUNNING":
+                continue
+            if trial_id in ended:
+                status = "FAILED" if ended[trial_id] else "FINISHED"
+                folder = self.best_checkpoint_dir(trial_id)
+                if folder is not None and not self.client.list_artifacts(run_id, MODEL_ARTIFACTS):
+                    log_model(self.client, run_id, folder, MODEL_ARTIFACTS)
+            else:
+                status = "KILLED"
+                self.client.set_tag(
+                    run_id,
+                    "raypeft.error",
+                    "interrupted with the search before Ray Tune recorded it",
+                )
+            self.client.set_terminated(run_id, status)
+
+    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info):
+        run_id = self.run_ids.get(trial.trial_id)
+        if run_id is not None:  # Ray restarts it from its latest checkpoint
+            restarts = trial.run_metadata.num_failures
+            self.client.set_tag(run_id, "raypeft.restarts", str(restarts))
+
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info):
-        if trial.trial_id in self.run_ids:
+        if trial.trial_id in self.run_ids:  # restarted, or resumed with the search
+            run_id = self.run_ids[trial.trial_id]
+            if self.client.get_run(run_id).info.status != "RUNNING":
+                self.client.update_run(run_id, status="RUNNING")
             return
         cfg = trial_config(self.base, trial.config)
         cfg = cfg.model_copy(update={"method": cfg.method.resolve(self.dims)})
@@ -164,10 +262,26 @@ class MLflowTrialCallback(Callback):
         run_id = self.run_ids.get(trial.trial_id)
         if run_id is None:
             return
+        self._tag_worker(trial.trial_id, run_id, result)
+        if FAILURE_KEY in result:  # the loss diverged: the reason, for the MLflow UI
+            self.client.set_tag(run_id, "raypeft.error", str(result[FAILURE_KEY])[:5000])
+            return
         step = int(result.get("step", result.get("training_iteration", 0)))
+        if step <= self._logged_steps.get(trial.trial_id, -1):
+            return  # a resumed trial re-running a step its run already holds
+        self._logged_steps[trial.trial_id] = step
         timestamp = int(result.get("timestamp", 0) * 1000)
         metrics = [Metric(k, v, timestamp, step) for k, v in numeric_metrics(result).items()]
         self.client.log_batch(run_id, metrics=metrics)
+
+    def _tag_worker(self, trial_id: str, run_id: str, result: dict) -> None:
+        """Tag where the trial trains (node id, IP, pid); again when a restart moved it."""
+        where = {k: str(result[k]) for k in (*WORKER_KEYS, RESUMED_KEY) if k in result}
+        if where and self._worker_tags.get(trial_id) != where:
+            self._worker_tags[trial_id] = where
+            self.client.log_batch(
+                run_id, tags=[RunTag(f"raypeft.{k}", v) for k, v in where.items()]
+            )
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         run_id = self.run_ids.get(trial.trial_id)
@@ -176,8 +290,11 @@ class MLflowTrialCallback(Callback):
         if trial.checkpoint is not None:
             self.tune_checkpoints[trial.trial_id] = trial.checkpoint
         folder = self.best_checkpoint_dir(trial.trial_id)
-        if folder is not None:
-            self.client.log_artifacts(run_id, str(folder), artifact_path="model")
+        if folder is not None:  # a diverged trial keeps what it had learnt before, too
+            log_model(self.client, run_id, folder, MODEL_ARTIFACTS)
+        if FAILURE_KEY in trial.last_result:
+            self.client.set_terminated(run_id, "FAILED")
+            return
         stopped_early = trial.last_result.get("step", 0) < self.base.train.max_steps
         self.client.set_tag(run_id, "raypeft.stopped_early", str(stopped_early).lower())
         self.client.set_terminated(run_id, "FINISHED")
@@ -187,7 +304,7 @@ class MLflowTrialCallback(Callback):
         if run_id is None:
             return
         error = str(getattr(trial, "error_file", "") or "")
-        self.client.set_tag(run_id, "raypeft.error", _error_summary(trial) or error)
+        self.client.set_tag(run_id, "raypeft.error", redact_uri(_error_summary(trial) or error))
         self.client.set_terminated(run_id, "FAILED")
 
 
@@ -218,5 +335,5 @@ def finish_parent_run(
     for file_name, table in summary.get("tables", {}).items():  # Pareto front, repeats
         client.log_dict(run_id, table, file_name)
     if best_folder is not None:
-        client.log_artifacts(run_id, str(best_folder), artifact_path="best_model")
+        log_model(client, run_id, best_folder, BEST_MODEL_ARTIFACTS)
     client.set_terminated(run_id, "FINISHED")

@@ -18,24 +18,23 @@ import numpy as np
 import psutil
 import torch
 import yaml
-from torch.utils.data import DataLoader, Dataset
-from torch.utils.data.distributed import DistributedSampler
+from safetensors.torch import save_file
+from torch.utils.data import DataLoader, Dataset, Sampler
 from transformers import get_linear_schedule_with_warmup
 
 from raypeft.backbones import load_backbone, load_tokenizer
 from raypeft.config import ExperimentConfig
 from raypeft.data import TokenizedTask
 from raypeft.data.metrics import METRIC_MODE, compute_metrics
-from raypeft.model import PromptedModel
+from raypeft.model import TRAINABLE_FILE, PromptedModel
+from raypeft.redact import redact_config
+from raypeft.result_keys import FAILURE_KEY, RESUMED_KEY
+from raypeft.resume import LoopState, has_resume_state, load_resume_state, save_resume_state
 
 CONFIG_FILE = "config.yaml"
 TASK_FILE = "task.json"  # what inference needs of the task: label names, verbalizers, metrics
 
 Reporter = Callable[[dict, Path | None], None]
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss became NaN or infinite (e.g. a learning rate far too high)."""
 
 
 def build_model(cfg: ExperimentConfig, task: TokenizedTask) -> PromptedModel:
@@ -113,6 +112,39 @@ def _to_device(batch: dict, device: torch.device) -> dict:
     return out
 
 
+class GlobalBatchSampler(Sampler[list[int]]):
+    """The same global batches for any number of workers, each worker taking its share.
+
+    Epoch ``e`` shuffles the training set with seed ``(seed, e)`` and cuts it into batches of
+    ``batch_size`` (the global batch); worker ``rank`` takes slice ``rank`` of each. So DDP
+    over N workers averages gradients over exactly the examples one worker would see, and a
+    resumed trial continues on the very batches it would have trained on (``start``).
+    """
+
+    def __init__(self, size: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1):
+        if batch_size % world_size:
+            raise ValueError(f"batch size {batch_size} is not divisible by {world_size} workers")
+        self.size, self.batch_size, self.seed = size, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.per_worker = batch_size // world_size
+        self.per_epoch = size // batch_size  # drop_last: every step is a full global batch
+        self.epoch, self.start = 0, 0
+
+    def at_step(self, step: int) -> None:
+        """Position the sampler at global step ``step`` (counted from the first epoch)."""
+        self.epoch, self.start = divmod(step, self.per_epoch)
+
+    def __len__(self) -> int:
+        return self.per_epoch - self.start
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.size, generator=generator).tolist()
+        for b in range(self.start, self.per_epoch):
+            first = b * self.batch_size + self.rank * self.per_worker
+            yield order[first : first + self.per_worker]
+
+
 @torch.no_grad()
 def evaluate(
     model: PromptedModel,
@@ -154,13 +186,15 @@ def train(
     wrap_model: Callable[[torch.nn.Module], torch.nn.Module] | None = None,
     rank: int = 0,
     world_size: int = 1,
+    resume_from: Path | None = None,
 ) -> dict[str, float]:
     """Train one configuration; evaluate every ``train.eval_every`` steps and report.
 
-    A checkpoint folder (trainable tensors as safetensors + the resolved config) is passed
-    to ``report`` only when the validation metric improves, so the latest checkpoint is
-    always the best one. ``wrap_model`` lets Ray Train wrap the model in DDP; ``rank`` and
-    ``world_size`` shard the training data. Returns the best validation metrics.
+    Every evaluation reports a checkpoint folder (from rank 0): the best trainable tensors so
+    far as safetensors with the resolved config and the task's labels, plus ``resume/``, the
+    state a restarted trial continues from (:mod:`raypeft.resume`). ``resume_from`` is such a
+    folder. ``wrap_model`` lets Ray Train wrap the model in DDP; ``rank`` and ``world_size``
+    split each global batch. Returns the best validation metrics.
     """
     device = device or torch.device("cpu")
     started = time.perf_counter()
@@ -174,52 +208,57 @@ def train(
     scheduler = get_linear_schedule_with_warmup(
         optimizer, math.ceil(cfg.train.warmup_ratio * steps), steps
     )
+    loop, resumed_at = LoopState(), None
+    if has_resume_state(resume_from):
+        current, loop = load_resume_state(resume_from, optimizer, scheduler)
+        model.load_trainable_state_dict(current)
+        loop.best_state = _load_best_state(resume_from)
+        resumed_at = loop.step
     trained = wrap_model(model) if wrap_model else model
 
     metric = cfg.search.metric or task.spec.primary_metric
     sign = 1 if (cfg.search.mode or METRIC_MODE.get(metric, "max")) == "max" else -1
     train_set = split_dataset(task, cfg, "train")
     val_set = split_dataset(task, cfg, "validation")
-    per_worker = max(1, cfg.train.batch_size // world_size)  # global batch split over workers
-    sampler = (
-        DistributedSampler(train_set, world_size, rank, seed=cfg.train.seed)
-        if world_size > 1
-        else None
+    sampler = GlobalBatchSampler(
+        len(train_set), cfg.train.batch_size, cfg.train.seed, rank, world_size
     )
-    generator = torch.Generator().manual_seed(cfg.train.seed)
-    loader = DataLoader(
-        train_set,
-        batch_size=per_worker,
-        sampler=sampler,
-        shuffle=sampler is None,
-        generator=generator,
-        drop_last=True,
-    )
-    if len(loader) == 0:
+    if sampler.per_epoch == 0:
         raise ValueError(f"train.batch_size={cfg.train.batch_size} exceeds the training set")
+    # its own generator: DataLoader draws a seed from the global RNG per iteration, which
+    # would make a resumed trial's RNG (dropout in some methods) drift from an uninterrupted one
+    loader = DataLoader(train_set, batch_sampler=sampler, generator=torch.Generator())
 
-    best: dict[str, float] = {}
-    step, epoch, seen, train_time, loss_window = 0, 0, 0, 0.0, []
+    loss_window: list[float] = []
     trained.train()
-    while step < steps:
-        if sampler is not None:
-            sampler.set_epoch(epoch)
+    while loop.step < steps:
+        sampler.at_step(loop.step)
         for batch in loader:
             start = time.perf_counter()
             batch = _to_device(batch, device)
             loss = trained(**batch).loss
-            if not torch.isfinite(loss):
-                raise NonFiniteLossError(f"training loss is {loss.item()} at step {step + 1}")
+            if not _finite_everywhere(loss, world_size):
+                report(
+                    {
+                        FAILURE_KEY: f"NonFiniteLossError: the training loss became "
+                        f"{loss.item()} at step {loop.step + 1} (a learning rate too high?)",
+                        "step": loop.step,
+                    },
+                    None,
+                )
+                return loop.best
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.train.max_grad_norm:
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
             optimizer.step()
             scheduler.step()
-            train_time += time.perf_counter() - start
+            loop.train_time += time.perf_counter() - start
             memory.sample()
-            step, seen = step + 1, seen + len(batch["labels"]) * world_size
+            loop.step += 1
+            loop.seen += len(batch["labels"]) * world_size
             loss_window.append(loss.item())
+            step = loop.step
             if step % cfg.train.eval_every == 0 or step == steps:
                 val = evaluate(
                     model,
@@ -228,38 +267,72 @@ def train(
                     cfg.train.eval_batch_size,
                     device,
                 )
+                best = loop.best
                 improved = not best or sign * val[metric] > sign * best[f"val_{metric}"]
                 if improved:
-                    best = {f"val_{k}": v for k, v in val.items()} | {"step": step}
+                    loop.best = best = {f"val_{k}": v for k, v in val.items()} | {"step": step}
+                    current = model.trainable_state_dict()
+                    loop.best_state = {k: v.clone() for k, v in current.items()}
                 # Tune's progress table shows the first few keys: the searched metric first
                 metrics = {
                     f"best_val_{metric}": best[f"val_{metric}"],
                     f"val_{metric}": val[metric],
-                    "train_loss": float(np.mean(loss_window)),
+                    "train_loss": _mean_over_workers(float(np.mean(loss_window)), world_size),
                     "step": step,
                 }
                 metrics.update({f"val_{k}": v for k, v in val.items()})
                 metrics.update({f"best_{k}": v for k, v in best.items()})
                 # efficiency: what the searcher can trade accuracy against (see search.objectives)
                 metrics.update(
-                    epoch=epoch,
-                    train_samples_per_s=seen / train_time,
+                    epoch=(step - 1) // sampler.per_epoch,
+                    train_samples_per_s=loop.seen / loop.train_time,
                     eval_samples_per_s=val["samples_per_s"],
                     trainable_params=trainable_params,
                     peak_memory_mb=memory.peak_mb(),
                     wall_time_s=time.perf_counter() - started,
                 )
+                if resumed_at is not None:
+                    metrics[RESUMED_KEY] = resumed_at
                 loss_window = []
-                if improved and rank == 0:
+                if rank == 0:
                     with tempfile.TemporaryDirectory() as folder:
-                        save_checkpoint(model, cfg, Path(folder), task)
+                        save_checkpoint(model, cfg, Path(folder), task, trainable=loop.best_state)
+                        save_resume_state(
+                            Path(folder), model.trainable_state_dict(), optimizer, scheduler, loop
+                        )
                         report(metrics, Path(folder))
                 else:
                     report(metrics, None)
-            if step >= steps:
+            if loop.step >= steps:
                 break
-        epoch += 1
-    return best
+    return loop.best
+
+
+def _finite_everywhere(loss: torch.Tensor, world_size: int) -> bool:
+    """Whether the loss is finite on every worker (all of them must stop together: a worker
+    leaving alone would leave the others waiting in DDP's all-reduce)."""
+    finite = bool(torch.isfinite(loss))
+    if world_size == 1:
+        return finite
+    flag = torch.tensor([0.0 if finite else 1.0], device=loss.device)
+    torch.distributed.all_reduce(flag)
+    return flag.item() == 0
+
+
+def _mean_over_workers(value: float, world_size: int) -> float:
+    """A worker's loss is over its share of the batch: the global batch's is their mean."""
+    if world_size == 1:
+        return value
+    tensor = torch.tensor([value], dtype=torch.float64)
+    torch.distributed.all_reduce(tensor)
+    return tensor.item() / world_size
+
+
+def _load_best_state(folder: Path) -> dict[str, torch.Tensor] | None:
+    from safetensors.torch import load_file
+
+    path = Path(folder) / TRAINABLE_FILE
+    return load_file(str(path)) if path.is_file() else None
 
 
 class PeakMemory:
@@ -300,14 +373,21 @@ def task_metadata(task: TokenizedTask) -> dict:
 
 
 def save_checkpoint(
-    model: PromptedModel, cfg: ExperimentConfig, folder: Path, task: TokenizedTask | None = None
+    model: PromptedModel,
+    cfg: ExperimentConfig,
+    folder: Path,
+    task: TokenizedTask | None = None,
+    trainable: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Trainable tensors (safetensors), the resolved config (YAML) and the task's labels
-    (JSON) - no pickles."""
-    model.save_trainable(folder)
+    """Trainable tensors (safetensors: ``trainable``, default the model's current ones), the
+    resolved config (YAML) and the task's labels (JSON) - no pickles."""
+    save_file(
+        trainable if trainable is not None else model.trainable_state_dict(),
+        str(Path(folder) / TRAINABLE_FILE),
+    )
     resolved = cfg.model_copy(update={"method": cfg.method.resolve(model.dims)})
     (folder / CONFIG_FILE).write_text(
-        yaml.safe_dump(resolved.model_dump(mode="json"), sort_keys=False)
+        yaml.safe_dump(redact_config(resolved.model_dump(mode="json")), sort_keys=False)
     )
     if task is not None:
         (folder / TASK_FILE).write_text(json.dumps(task_metadata(task), indent=2))

@@ -8,6 +8,7 @@ mirrored to a nested MLflow run -> the best configuration evaluated once on the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -21,22 +22,35 @@ from typing import Any
 import numpy as np
 import ray
 import torch
+from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 from ray.tune.search import ConcurrencyLimiter
 
 from raypeft.backbones import backbone_dims, load_config
-from raypeft.config import ExperimentConfig
+from raypeft.config import ConfigError, ExperimentConfig
 from raypeft.data import TokenizedTask, prepare_task
+from raypeft.interrupted import (
+    CONFIG_HASH_TAG,
+    TUNE_PATH_TAG,
+    check_tracking_store,
+    config_hash,
+    find_interrupted_search,
+)
 from raypeft.progress import ProgressPrinter
+from raypeft.redact import redact_uri
 from raypeft.repeats import FixedConfigs, RepeatGroup, group_repeats, repeat_configs, top_trials
+from raypeft.resources import check_fits, cluster_nodes
+from raypeft.result_keys import FAILURE_KEY
+from raypeft.runs import check_store
 from raypeft.searcher import (
     Constraints,
     PruningAwareSearch,
     ResolvedObjective,
     build_sampler,
     default_storage,
+    fail_orphans,
     open_storage,
     pareto_front,
     prepare_study,
@@ -90,6 +104,19 @@ class SearchSummary:
 # ----------------------------------------------------------------------------- trials
 
 
+def worker_identity() -> dict[str, Any]:
+    """Where the (rank-0) training process runs: tagged on the trial's MLflow run.
+
+    Tune's own ``node_ip``/``pid`` keys name the trial's Tune actor, which for Ray Train
+    trials is not the process that trains; on one machine several nodes share an IP.
+    """
+    return {
+        "worker_node_id": ray.get_runtime_context().get_node_id(),
+        "worker_node_ip": ray.util.get_node_ip_address(),
+        "worker_pid": os.getpid(),
+    }
+
+
 def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
     """Tune function trainable: train the trial right here (single worker)."""
     torch.set_num_threads(threads)
@@ -98,15 +125,34 @@ def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) 
 
     def report(metrics: dict, folder: Path | None) -> None:
         checkpoint = tune.Checkpoint.from_directory(folder) if folder else None
-        tune.report(metrics, checkpoint=checkpoint)
+        tune.report({**metrics, **worker_identity()}, checkpoint=checkpoint)
 
     use_cuda = cfg.resources.use_gpu and torch.cuda.is_available()  # Tune set the visible GPU
-    train(cfg, task, report, device=torch.device("cuda" if use_cuda else "cpu"))
+    # a trial Tune restarts (its actor died, or `raypeft tune --resume`) continues from its
+    # latest checkpoint, which holds the full training state
+    with _checkpoint_folder(tune.get_checkpoint()) as resume_from:
+        train(
+            cfg,
+            task,
+            report,
+            device=torch.device("cuda" if use_cuda else "cpu"),
+            resume_from=resume_from,
+        )
+
+
+@contextlib.contextmanager
+def _checkpoint_folder(checkpoint):
+    """A local folder with the checkpoint's files (downloaded from S3 if need be), or None."""
+    if checkpoint is None:
+        yield None
+        return
+    with checkpoint.as_directory() as folder:
+        yield Path(folder)
 
 
 def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
     """Tune function trainable: run the trial as a Ray Train TorchTrainer (1+ workers)."""
-    from ray.train import CheckpointConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -131,6 +177,9 @@ def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: i
             storage_path=_storage_path(cfg),
             callbacks=[TuneReportCallback()],
             checkpoint_config=CheckpointConfig(num_to_keep=1),
+            # a dead worker restarts the worker group from the latest checkpoint; a run
+            # started again under the same name (Tune restarting this trial) resumes too
+            failure_config=FailureConfig(max_failures=cfg.run.max_failures),
         ),
     )
     trainer.fit()
@@ -149,17 +198,19 @@ def _train_worker(loop_config: dict) -> None:
 
     def report(metrics: dict, folder: Path | None) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(folder) if folder else None
-        ray.train.report(metrics, checkpoint=checkpoint)
+        ray.train.report({**metrics, **worker_identity()}, checkpoint=checkpoint)
 
-    train(
-        cfg,
-        task,
-        report,
-        device=ray.train.torch.get_device(),
-        wrap_model=ray.train.torch.prepare_model if world > 1 else None,
-        rank=context.get_world_rank(),
-        world_size=world,
-    )
+    with _checkpoint_folder(ray.train.get_checkpoint()) as resume_from:
+        train(
+            cfg,
+            task,
+            report,
+            device=ray.train.torch.get_device(),
+            wrap_model=ray.train.torch.prepare_model if world > 1 else None,
+            rank=context.get_world_rank(),
+            world_size=world,
+            resume_from=resume_from,
+        )
 
 
 def use_ray_train(cfg: ExperimentConfig) -> bool:
@@ -227,12 +278,14 @@ class StudyPlan:
     finished_before: int  # trials of earlier searches of the same study
 
 
-def plan_study(cfg: ExperimentConfig, tracking_uri: str, modes: list[str]) -> StudyPlan:
+def plan_study(
+    cfg: ExperimentConfig, tracking_uri: str, modes: list[str], resuming: bool = False
+) -> StudyPlan:
     """Open (or create) the persisted study; skip grid points an earlier search ran."""
     url = cfg.search.storage or default_storage(tracking_uri)
     name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
     storage = open_storage(url)  # opened once: prepared here, then used by the searcher
-    finished = prepare_study(storage, name, modes)
+    finished = prepare_study(storage, name, modes, resuming=resuming)
     grid = [] if cfg.search.sampler == "grid" else cfg.grid_points()
     return StudyPlan(url, storage, name, remaining_grid_points(grid, finished), len(finished))
 
@@ -294,6 +347,32 @@ def _scheduler(cfg: ExperimentConfig, metric: str, mode: str):
     )
 
 
+# Ray binds every server of a node (GCS, raylet, object manager, workers, agents, metrics)
+# to the node's IP address, and to loopback only when that address is loopback. ray.init()
+# turns _node_ip_address="127.0.0.1" into the machine's external address, so a local Ray is
+# given the loopback address as Ray does for single-machine Ray on macOS and Windows.
+_SINGLE_MACHINE_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_node():
+    """While a local Ray starts: its node address is 127.0.0.1, so it listens on loopback."""
+    from ray._private import ray_constants
+
+    before_env = os.environ.get(_SINGLE_MACHINE_RAY)
+    before_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_SINGLE_MACHINE_RAY] = "0"  # the processes Ray starts
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this one (read when ray was imported)
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_flag
+        if before_env is None:
+            os.environ.pop(_SINGLE_MACHINE_RAY, None)
+        else:
+            os.environ[_SINGLE_MACHINE_RAY] = before_env
+
+
 def init_ray(address: str | None, quiet: bool = False) -> None:
     """Connect to a cluster (``address``) or start a local Ray with this machine's CPUs."""
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -302,6 +381,9 @@ def init_ray(address: str | None, quiet: bool = False) -> None:
     # Trials checkpoint only when their metric improves, and with num_to_keep set Tune then
     # snapshots the experiment each time: expected here, not worth a warning per trial.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # A diverged trial's last result carries the failure, not the metric (raypeft.train):
+    # every other result has it, and the schedulers and searcher skip results without it.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
     if ray.is_initialized():
         return
     if quiet:  # --quiet: the summary only, no Ray/Tune chatter
@@ -310,12 +392,16 @@ def init_ray(address: str | None, quiet: bool = False) -> None:
     if address:
         ray.init(address=address, log_to_driver=False, logging_level=level)
     else:
-        ray.init(
-            num_cpus=os.cpu_count(),
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=level,
-        )
+        with _loopback_node():  # one machine's Ray: nothing listens beyond loopback
+            ray.init(
+                # "local": always a fresh instance, never a cluster `ray start` left running
+                # here (ray.init() with no address would silently join it)
+                address="local",
+                num_cpus=os.cpu_count(),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=level,
+            )
 
 
 def _quiet_loggers() -> None:
@@ -346,9 +432,94 @@ def _build_tuner(cfg, data_ref, search_alg, scheduler, num_samples, callbacks, n
             storage_path=_storage_path(cfg),
             callbacks=callbacks,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            # a trial whose actor dies restarts from its latest checkpoint (full state)
+            failure_config=tune.FailureConfig(max_failures=cfg.run.max_failures),
             verbose=0,  # raypeft's own progress table (ProgressPrinter) instead of Tune's
         ),
     )
+
+
+def _warn_if_storage_not_shared(cfg: ExperimentConfig, say) -> None:
+    """Trials on other machines write their checkpoints to their own disks when
+    ``run.storage_path`` is a local folder; the driver then cannot read them."""
+    if "://" in _storage_path(cfg):
+        return
+    machines = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    if len(machines) > 1:
+        say(
+            f"  warning: run.storage_path {_storage_path(cfg)} is a local folder, but the "
+            f"cluster spans {len(machines)} machines: give shared storage (s3://..., NFS)"
+        )
+
+
+def check_batch_fits(cfg: ExperimentConfig, data: TokenizedTask) -> None:
+    """Every trial needs at least one full global batch of training examples (the largest
+    ``train.batch_size`` the space can sample, when it searches the batch size)."""
+    sizes = [cfg.train.batch_size]
+    param = cfg.space.get("train.batch_size")
+    if param is not None:
+        sizes += [v for v in _discrete_values(param) if isinstance(v, int)]
+    examples = data.size("train")
+    if max(sizes) > examples:
+        raise ConfigError(
+            f"train.batch_size: `batch_size <= {examples}` (the training examples) must hold, "
+            f"but got {max(sizes)}"
+        )
+
+
+def _discrete_values(param) -> list:
+    dumped = param.model_dump()
+    if "grid" in dumped or "choice" in dumped:
+        return list(dumped.get("grid") or dumped.get("choice"))
+    if "int" in dumped:
+        return [dumped["int"][1]]  # the largest
+    return []
+
+
+def experiment_path(cfg: ExperimentConfig, name: str) -> str:
+    """Where Ray Tune keeps the experiment called ``name`` (a folder or a URI)."""
+    storage = _storage_path(cfg)
+    return f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage) / name)
+
+
+def _tag_parent(client, parent_run_id, cfg, objectives, plan, name) -> None:
+    """What `raypeft report`, `predict`, `--resume` and optuna-dashboard users need."""
+    primary = objectives[0]
+    tags = {
+        "raypeft.metric": primary.name,
+        "raypeft.mode": primary.mode,
+        "raypeft.optuna_storage": redact_uri(plan.storage_url),
+        "raypeft.optuna_study": plan.study_name,
+        TUNE_PATH_TAG: redact_uri(experiment_path(cfg, name)),
+        CONFIG_HASH_TAG: config_hash(cfg),
+    }
+    if len(objectives) > 1:
+        tags["raypeft.objectives"] = json.dumps(
+            [{"metric": o.name, "mode": o.mode} for o in objectives]
+        )
+    client.log_batch(parent_run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+
+def _fit(cfg, data_ref, make_searcher, make_scheduler, num_samples, callbacks, name, resume):
+    """Run a Tune experiment, or with ``resume`` continue the interrupted one of that name:
+    finished trials are kept, unfinished ones continue from their latest checkpoints."""
+    path = experiment_path(cfg, name)
+    if resume and tune.Tuner.can_restore(path):
+        tuner = tune.Tuner.restore(
+            path,
+            trainable=_trainable(cfg, data_ref),
+            resume_unfinished=True,
+            resume_errored=False,  # they failed for good (out of retries)
+        )
+        # Tuner.restore brings back the callbacks pickled when the search started, and Ray
+        # 2.60 takes no new ones; the resumed search must log through this process's tracker
+        # (it knows the runs adopted from MLflow). Tune then restores their saved state.
+        tuner._local_tuner.get_run_config().callbacks = callbacks
+    else:
+        tuner = _build_tuner(
+            cfg, data_ref, make_searcher(), make_scheduler(), num_samples, callbacks, name
+        )
+    return tuner.fit()
 
 
 def precompute_features(cfg: ExperimentConfig, data: TokenizedTask, say=print) -> None:
@@ -436,13 +607,27 @@ def run_experiment(
     source: str = "<memory>",
     printer=print,
     progress_interval: float = 30.0,
+    resume: bool = False,
 ) -> SearchSummary:
-    """Run the whole search described by ``cfg`` and return its summary."""
+    """Run the whole search described by ``cfg`` and return its summary.
+
+    ``resume``: continue the experiment's interrupted search (its driver died) instead of
+    starting a new one: the same MLflow runs, Tune experiment and Optuna study.
+    """
     start = time.time()
     say = (lambda *_: None) if quiet else printer
     _quiet_loggers()
+    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    check_tracking_store(uri, redact_uri(uri))  # first: a dead server fails in seconds
+    if resume:  # resuming needs the store; never create an empty one
+        try:
+            check_store(uri)
+        except ConfigError as exc:
+            raise ConfigError(f"--resume: {exc}") from None
+
     say(f"Preparing task {cfg.task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ...")
     data = prepare_task(cfg.task, cfg.model)
+    check_batch_fits(cfg, data)
     objectives = resolve_objectives(cfg, data.spec.metrics)
     constraints = resolve_constraints(cfg, data.spec.metrics)
     primary = objectives[0]
@@ -451,34 +636,45 @@ def run_experiment(
     dims = backbone_dims(config, cfg.model.max_length, cfg.model.name)
     sizes = "/".join(str(data.size(split)) for split in ("train", "validation", "test"))
     say(f"  train/validation/test: {sizes} examples, {data.num_labels} labels, {metric} ({mode})")
+    # shared per-example features and artefacts (IPT's corpus) before anything is recorded:
+    # what fails here leaves no store, study or run behind
+    precompute_features(cfg, data, say)
 
-    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    plan = plan_study(cfg, uri, [o.mode for o in objectives])
-    if plan.finished_before:
+    init_ray(address, quiet)
+    if address:  # a cluster: can it ever place one trial? (locally the CLI checked already)
+        try:
+            check_fits(cfg, cluster_nodes(), where=f"the cluster at {address}")
+        except ConfigError:
+            ray.shutdown()
+            raise
+
+    # the MLflow store and the Optuna study are opened (created) from here on
+    client = MlflowClient(tracking_uri=uri)
+    interrupted = find_interrupted_search(client, cfg, source) if resume else None
+    plan = plan_study(cfg, uri, [o.mode for o in objectives], resuming=interrupted is not None)
+    if plan.finished_before and not interrupted:
         skipped = len(cfg.grid_points()) - len(plan.points) if cfg.search.sampler != "grid" else 0
         say(
-            f"  continuing Optuna study {plan.study_name!r} ({plan.storage_url}): "
+            f"  continuing Optuna study {plan.study_name!r} ({redact_uri(plan.storage_url)}): "
             f"{plan.finished_before} earlier trials"
             + (f", {skipped} grid points already run" if skipped else "")
         )
-    precompute_features(cfg, data, say)
 
-    client = MlflowClient(tracking_uri=uri)
-    experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
-    parent_run_id = start_parent_run(client, experiment_id, cfg, source)
-    # what `raypeft report`, `predict` and optuna-dashboard users need to find things
-    client.set_tag(parent_run_id, "raypeft.metric", metric)
-    client.set_tag(parent_run_id, "raypeft.mode", mode)
-    client.set_tag(parent_run_id, "raypeft.optuna_storage", plan.storage_url)
-    client.set_tag(parent_run_id, "raypeft.optuna_study", plan.study_name)
-    if len(objectives) > 1:
-        client.set_tag(
-            parent_run_id,
-            "raypeft.objectives",
-            json.dumps([{"metric": o.name, "mode": o.mode} for o in objectives]),
-        )
+    if interrupted:
+        experiment_id, parent = interrupted
+        parent_run_id = parent.info.run_id
+        client.update_run(parent_run_id, status="RUNNING")
+        tune_path = parent.data.tags[TUNE_PATH_TAG]
+        name = tune_path.rstrip("/").rsplit("/", 1)[-1]
+        say(f"Resuming search {parent_run_id} from {tune_path} ...")
+    else:
+        experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
+        parent_run_id = start_parent_run(client, experiment_id, cfg, source)
+        name = f"{cfg.name}-{parent_run_id[:8]}"
+        _tag_parent(client, parent_run_id, cfg, objectives, plan, name)
     tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, dims)
-    name = f"{cfg.name}-{parent_run_id[:8]}"
+    if interrupted:
+        tracker.adopt_existing_runs()  # its trials continue their own runs
 
     def callbacks(num_samples: int) -> list:
         """MLflow logging, and the live table unless quiet."""
@@ -496,26 +692,34 @@ def run_experiment(
         return [tracker, printer_cb]
 
     try:
-        init_ray(address, quiet)
+        _warn_if_storage_not_shared(cfg, say)
         data_ref = ray.put(data)  # tokenised once; every trial reads this one copy
         say(
             f"Searching: {cfg.search.num_samples} trials, sampler {cfg.search.sampler}, "
             f"scheduler {cfg.search.scheduler.type} ..."
         )
-        results = _build_tuner(
+        results = _fit(
             cfg,
             data_ref,
-            _searcher(cfg, dims, objectives, constraints, plan, parent_run_id),
-            _scheduler(cfg, tune_metric, mode),
+            lambda: _searcher(cfg, dims, objectives, constraints, plan, parent_run_id),
+            lambda: _scheduler(cfg, tune_metric, mode),
             cfg.search.num_samples,
             callbacks(cfg.search.num_samples),
             name,
-        ).fit()
-        errors = len(results.errors)
+            resume=interrupted is not None,
+        )
+        tracker.collect_results(results)
+        if interrupted:
+            fail_orphans(plan.storage, plan.study_name, parent_run_id)
         rows = _rows(results)
+        failed = [r for r in rows if FAILURE_KEY in r[2]]
+        errors = len(results.errors) + len(failed)
+        rows = [r for r in rows if FAILURE_KEY not in r[2]]
         best, constraints_met = choose_best(rows, primary, constraints)
         if best is None:
-            first = str(results.errors[0]).strip().splitlines()[-1] if errors else "no error"
+            reasons = [str(e).strip().splitlines()[-1] for e in results.errors if str(e).strip()]
+            reasons += [str(r[2][FAILURE_KEY]) for r in failed]
+            first = reasons[0] if reasons else "no error"
             raise SearchFailed(
                 f"no trial reported {tune_metric}: {errors} of {len(results)} trials failed "
                 f"(first: {first[:300]}); see MLflow run {parent_run_id}"
@@ -525,7 +729,18 @@ def run_experiment(
 
         repeats: list[RepeatGroup] = []
         if cfg.search.repeat_best:
-            repeats = _run_repeats(cfg, data_ref, rows, primary, constraints, callbacks, name, say)
+            repeats = _run_repeats(
+                cfg,
+                data_ref,
+                rows,
+                primary,
+                constraints,
+                callbacks,
+                name,
+                say,
+                tracker,
+                resume=interrupted is not None,
+            )
             ranked = sorted(repeats, key=lambda g: g.mean, reverse=mode == "max")
             chosen = ranked[0]
             best = next(r for r in rows if r[0] == chosen.trial_id)
@@ -627,25 +842,27 @@ def _pareto(
     return sorted(out, key=lambda p: p[objectives[0].name], reverse=objectives[0].mode == "max")
 
 
-def _run_repeats(cfg, data_ref, rows, primary, constraints, callbacks, name, say):
+def _run_repeats(cfg, data_ref, rows, primary, constraints, callbacks, name, say, tracker, resume):
     """Train the top configurations again with more seeds (``search.repeat_best``)."""
     spec = cfg.search.repeat_best
     feasible = [r for r in rows if constraints.feasible(r[2])] or rows
     top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k, cfg.train.max_steps)
     configs = repeat_configs(top, cfg.train.seed, spec.seeds)
     say(f"Repeating the top {len(top)} configurations with {spec.seeds} more seeds each ...")
-    results = _build_tuner(
+    results = _fit(
         cfg,
         data_ref,
-        ConcurrencyLimiter(
+        lambda: ConcurrencyLimiter(
             FixedConfigs(configs, primary.result_key, primary.mode),
             max_concurrent=_max_concurrent(cfg),
         ),
-        FIFOScheduler(),  # repeats run to the end: their scores are compared as means
+        FIFOScheduler,  # repeats run to the end: their scores are compared as means
         len(configs),
         callbacks(len(configs)),
         f"{name}-repeats",
-    ).fit()
+        resume=resume,
+    )
+    tracker.collect_results(results)
     return group_repeats(top, _rows(results), primary.result_key, cfg.train.seed)
 
 

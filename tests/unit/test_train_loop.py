@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 import raypeft.train as train_mod
 from raypeft.config import ExperimentConfig, ModelConfig, SearchConfig, TrainConfig
@@ -17,10 +18,12 @@ from raypeft.data.tokenize import TokenizedTask
 from raypeft.methods.dept import DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
 from raypeft.model import TRAINABLE_FILE
+from raypeft.result_keys import FAILURE_KEY, RESUMED_KEY
+from raypeft.resume import RESUME_DIR
 from raypeft.train import (
     CONFIG_FILE,
     TASK_FILE,
-    NonFiniteLossError,
+    GlobalBatchSampler,
     evaluate,
     load_checkpoint,
     split_dataset,
@@ -79,6 +82,16 @@ def experiment(method=None, **train_kw) -> ExperimentConfig:
     )
 
 
+def assert_same_tensors(model_file: Path, resume_file: Path) -> None:
+    """The checkpoint's model tensors equal the ``trainable.*`` tensors of a resume state."""
+    model = load_file(str(model_file))
+    state = load_file(str(resume_file))
+    current = {k[len("trainable.") :]: v for k, v in state.items() if k.startswith("trainable.")}
+    assert model.keys() == current.keys()
+    for key, tensor in model.items():
+        assert torch.equal(tensor, current[key]), key
+
+
 class Recorder:
     """A ``report`` callback keeping every metrics dict and a copy of each checkpoint."""
 
@@ -129,20 +142,21 @@ def test_train_reports_and_checkpoints_best(tmp_path, task, method):
     # 64 examples / batch 8 = 8 steps per epoch
     assert [m["epoch"] for m, _ in rec.calls] == [1, 2, 3]
 
-    # a checkpoint exactly when the validation accuracy improved (strictly)
-    running = -np.inf
+    # every evaluation reports a checkpoint; its model is the best so far (strictly better
+    # counts), i.e. the training state of the evaluation that set the best
+    assert all(ckpt is not None for _, ckpt in rec.calls)
+    running, best_at = -np.inf, None
     for metrics, ckpt in rec.calls:
-        improved = metrics["val_accuracy"] > running
-        assert (ckpt is not None) == improved, rec.calls
-        running = max(running, metrics["val_accuracy"])
+        if metrics["val_accuracy"] > running:
+            running, best_at = metrics["val_accuracy"], ckpt
         assert metrics["best_val_accuracy"] == running
-    assert rec.calls[0][1] is not None  # the first evaluation always counts
+        assert_same_tensors(ckpt / TRAINABLE_FILE, best_at / RESUME_DIR / "state.safetensors")
     last_best = rec.calls[-1][0]
     assert best == {k[len("best_") :]: v for k, v in last_best.items() if k.startswith("best_")}
 
     ckpt = rec.checkpoints[-1]
     files = sorted(p.name for p in ckpt.iterdir())
-    assert files == sorted([CONFIG_FILE, TASK_FILE, TRAINABLE_FILE])
+    assert files == sorted([CONFIG_FILE, TASK_FILE, TRAINABLE_FILE, RESUME_DIR])
     saved = yaml.safe_load((ckpt / CONFIG_FILE).read_text())
     assert saved["method"]["name"] == method.name and saved["train"]["max_steps"] == 30
     if isinstance(method, DePTConfig):
@@ -173,6 +187,15 @@ def test_final_step_is_evaluated_when_not_a_multiple(tmp_path, task):
     assert [m["step"] for m, _ in rec.calls] == [5, 10, 12]
 
 
+def model_changed(rec: Recorder, i: int) -> bool:
+    """Whether checkpoint ``i`` holds another model than checkpoint ``i - 1`` (a new best)."""
+    if i == 0:
+        return True
+    before = load_file(str(rec.calls[i - 1][1] / TRAINABLE_FILE))
+    after = load_file(str(rec.calls[i][1] / TRAINABLE_FILE))
+    return any(not torch.equal(before[k], after[k]) for k in before)
+
+
 @pytest.mark.parametrize(
     "mode,values,expected",
     [
@@ -193,7 +216,7 @@ def test_checkpoint_only_on_improvement_scripted(
     cfg = experiment().model_copy(update={"search": SearchConfig(mode=mode)})
     rec = Recorder(tmp_path)
     best = train(cfg, task, rec)
-    assert [c is not None for _, c in rec.calls] == expected
+    assert [model_changed(rec, i) for i in range(len(rec.calls))] == expected
     want = max(values) if mode == "max" else min(values)
     assert best["val_accuracy"] == want
     assert best["step"] == 10 * (values.index(want) + 1)
@@ -211,17 +234,20 @@ def test_search_metric_selects_what_improves(tmp_path, task, monkeypatch):
     cfg = experiment().model_copy(update={"search": SearchConfig(metric="macro_f1")})
     rec = Recorder(tmp_path)
     best = train(cfg, task, rec)
-    assert [c is not None for _, c in rec.calls] == [True, False, True]
+    assert [model_changed(rec, i) for i in range(len(rec.calls))] == [True, False, True]
     assert best["val_macro_f1"] == 0.3 and best["val_accuracy"] == 0.4
 
 
-def test_huge_learning_rate_raises_non_finite(task):
-    # lr 1e30 on the prompt: the embeddings overflow in the first update -> NaN loss at step 2
+def test_huge_learning_rate_ends_the_trial_as_failed(task):
+    # lr 1e30 on the prompt: the embeddings overflow in the first update -> NaN loss at step 2.
+    # The trial reports why and returns (an exception would make Ray retry it in vain).
     cfg = experiment(PromptTuningConfig(prompt_length=4, lr=1e30), warmup_ratio=0.0)
     calls = []
-    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 2"):
-        train(cfg, task, lambda m, c: calls.append(m))
-    assert calls == []
+    best = train(cfg, task, lambda m, c: calls.append((m, c)))
+    assert best == {}
+    ((metrics, checkpoint),) = calls
+    assert checkpoint is None and metrics["step"] == 1
+    assert "training loss became nan at step 2" in metrics[FAILURE_KEY]
 
 
 def test_non_finite_loss_injected(task, monkeypatch):
@@ -236,8 +262,64 @@ def test_non_finite_loss_injected(task, monkeypatch):
         return loss * float("inf") if count["n"] == 4 else loss
 
     monkeypatch.setattr(model_mod, "head_loss", head_loss)
-    with pytest.raises(NonFiniteLossError, match=r"training loss is inf at step 4"):
-        train(experiment(), task, lambda m, c: None)
+    calls = []
+    train(experiment(), task, lambda m, c: calls.append(m))
+    assert "training loss became inf at step 4" in calls[-1][FAILURE_KEY]
+    assert len(calls) == 1  # no evaluation before step 10
+
+
+class Interrupt(Exception):
+    """Stands for the process dying right after a report."""
+
+
+def test_resumed_trial_continues_exactly_where_it_stopped(tmp_path, task):
+    """Killed after its 2nd evaluation and restarted from that checkpoint, a trial reports
+    exactly what an uninterrupted one reports, and ends with the same tensors."""
+    cfg = experiment(
+        DePTConfig(prompt_length=4, budget_prompt_length=10, lr_prompt=0.05, lr_lowrank=0.01),
+        max_steps=50,
+    )
+    whole = Recorder(tmp_path / "whole")
+    train(cfg, task, whole)
+
+    first = Recorder(tmp_path / "first")
+
+    def dies_after_step_20(metrics, folder):
+        first(metrics, folder)
+        if metrics["step"] == 20:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(cfg, task, dies_after_step_20)
+    second = Recorder(tmp_path / "second")
+    train(cfg, task, second, resume_from=first.checkpoints[-1])
+
+    assert [m["step"] for m, _ in second.calls] == [30, 40, 50]
+    assert all(m[RESUMED_KEY] == 20 for m, _ in second.calls)
+    keys = ["train_loss", "val_loss", "val_accuracy", "best_val_accuracy", "best_step", "epoch"]
+    resumed = [[m[k] for k in keys] for m, _ in first.calls + second.calls]
+    assert resumed == [[m[k] for k in keys] for m, _ in whole.calls]
+    for name in (TRAINABLE_FILE, f"{RESUME_DIR}/state.safetensors"):
+        a = load_file(str(whole.checkpoints[-1] / name))
+        b = load_file(str(second.checkpoints[-1] / name))
+        assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == [], name
+
+
+def test_global_batches_split_evenly_across_workers():
+    one = GlobalBatchSampler(50, 8, seed=3)
+    two = [GlobalBatchSampler(50, 8, seed=3, rank=r, world_size=2) for r in range(2)]
+    for step in (0, 5, 6, 13):  # 6 batches per epoch: the 2nd and 3rd epochs too
+        one.at_step(step)
+        for s in two:
+            s.at_step(step)
+        shards = [list(s) for s in two]
+        assert [a + b for a, b in zip(*shards, strict=True)] == list(one)
+        assert all(len(batch) == 4 for shard in shards for batch in shard)
+    one.at_step(0)
+    first_epoch = [i for batch in one for i in batch]
+    assert len(set(first_epoch)) == 48  # drop_last: no example twice within an epoch
+    with pytest.raises(ValueError, match="not divisible"):
+        GlobalBatchSampler(50, 9, seed=0, world_size=2)
 
 
 def test_batch_larger_than_training_set(task):

@@ -1,0 +1,128 @@
+"""Finding an interrupted search to resume (``raypeft tune --resume``), and checking the
+tracking store answers before a search starts.
+
+A search records on its MLflow parent run where Ray Tune keeps its experiment
+(``raypeft.tune_path``) and a hash of its resolved experiment (``raypeft.config_hash``). A
+search whose driver died leaves that parent run RUNNING (SIGKILL) or FAILED/KILLED; resuming
+continues that run, its Tune experiment and its Optuna study, with the same experiment.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mlflow.entities import Run
+from mlflow.tracking import MlflowClient
+
+from raypeft.config import ConfigError, ExperimentConfig, flatten
+from raypeft.redact import redact_params
+from raypeft.runs import parent_runs
+
+TUNE_PATH_TAG = "raypeft.tune_path"
+CONFIG_HASH_TAG = "raypeft.config_hash"
+
+
+def config_hash(cfg: ExperimentConfig) -> str:
+    """A stable hash of the resolved experiment (what a resumed search must match)."""
+    text = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def find_interrupted_search(
+    client: MlflowClient, cfg: ExperimentConfig, source: str
+) -> tuple[str, Run]:
+    """The experiment's newest search, which must be unfinished and resumable.
+
+    Returns ``(experiment_id, parent_run)``; anything else is a one-line :class:`ConfigError`.
+    """
+    name = cfg.tracking.experiment or cfg.name
+    experiment = client.get_experiment_by_name(name)
+    runs = parent_runs(client, experiment.experiment_id) if experiment else []
+    if not runs:
+        raise ConfigError(f"--resume: experiment {name!r} has no search to resume")
+    run = runs[0]
+    run_id = run.info.run_id
+    if run.info.status == "FINISHED":
+        raise ConfigError(
+            f"--resume: the newest search of {name!r} (run {run_id}) finished; nothing to "
+            "resume (leave out --resume to start a new search)"
+        )
+    tune_path = run.data.tags.get(TUNE_PATH_TAG)
+    if not tune_path:
+        raise ConfigError(f"--resume: search run {run_id} records no Ray Tune experiment path")
+    if "://" not in tune_path and not (Path(tune_path) / "tuner.pkl").is_file():
+        raise ConfigError(
+            f"--resume: {tune_path}: the interrupted search's Ray Tune experiment is not here "
+            "(run.storage_path must be the same folder, or shared storage such as s3://)"
+        )
+    if run.data.tags.get(CONFIG_HASH_TAG) != config_hash(cfg):
+        changed = _changed_keys(client, run_id, cfg)
+        raise ConfigError(
+            f"--resume: {source} differs from the interrupted search's experiment"
+            + (f" ({changed})" if changed else "")
+            + "; resume with the same file and --set overrides"
+        )
+    return experiment.experiment_id, run
+
+
+def _changed_keys(client: MlflowClient, run_id: str, cfg: ExperimentConfig) -> str:
+    """The first keys whose value differs from the run's logged experiment parameters."""
+    logged = client.get_run(run_id).data.params
+    now = redact_params(flatten(cfg.model_dump(mode="json", exclude={"space"})))
+    now.update({f"space.{k}": v.model_dump() for k, v in cfg.space.items()})
+    diffs = []
+    for key in sorted(set(logged) | set(now)):
+        old = logged.get(key)
+        new = _param_text(now[key]) if key in now else None
+        if key.startswith("best.") or old == new or (old is not None and "***" in old):
+            continue
+        diffs.append(f"{key}: {old} -> {new}")
+    return ", ".join(diffs[:3]) + (", ..." if len(diffs) > 3 else "")
+
+
+def _param_text(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, (list, dict, tuple)) else str(value)
+
+
+@contextmanager
+def _no_retries(timeout_s: int):
+    """MLflow's HTTP client retries for minutes by default; a start-up probe must not."""
+    names = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s)}
+    saved = {k: os.environ.get(k) for k in names}
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def check_tracking_store(uri: str, shown_as: str, timeout_s: int = 10) -> None:
+    """Fail fast, before any trial, when the tracking store cannot be used.
+
+    An ``http(s)`` server must answer (one request, no retries); a sqlite file's folder must
+    exist. ``shown_as`` is the URI as the error shows it (credentials redacted).
+    """
+    if uri.startswith(("http://", "https://")):
+        with _no_retries(timeout_s):
+            try:
+                MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            except Exception as exc:  # connection refused, DNS, timeout, HTTP errors
+                reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+                raise ConfigError(
+                    f"tracking.uri {shown_as}: the MLflow tracking server does not answer "
+                    f"({type(exc).__name__}{': ' + reason if reason else ''}); start it or "
+                    "fix --tracking-uri / tracking.uri"
+                ) from None
+    elif uri.startswith("sqlite:///"):
+        folder = Path(uri[len("sqlite:///") :]).parent
+        if not folder.is_dir():
+            raise ConfigError(f"tracking.uri {shown_as}: folder {folder} does not exist")

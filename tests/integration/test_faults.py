@@ -1,0 +1,292 @@
+"""Faults injected into real searches (real Ray, real MLflow, tiny models), then checked for
+anything lost: a training worker killed mid-trial, the driver killed mid-search and resumed,
+a trial whose loss diverges, a tracking server that does not answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
+from test_tune_cli import RAYPEFT, children, run_cli, tiny_experiment  # helpers beside this file
+
+pytestmark = pytest.mark.integration
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(
+        os.environ,
+        RAY_AUTH_MODE="disabled",
+        RAY_USAGE_STATS_ENABLED="0",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        HF_HUB_OFFLINE="1",
+    )
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def start_search(args: list[str], cwd: Path) -> subprocess.Popen:
+    """``raypeft tune`` in the background, in its own session (so the test can clean up
+    every process it started, whatever happens)."""
+    return subprocess.Popen(
+        [RAYPEFT, "tune", *args],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=open(cwd / "stdout.log", "a"),  # noqa: SIM115 - the child owns it
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL every process left in the search's session (Ray's own processes included)."""
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(p.pid) == proc.pid:
+                p.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass
+
+
+def results(root: Path) -> list[dict]:
+    """Every result Tune has written so far under ``root`` (its result.json files)."""
+    out = []
+    for path in root.rglob("result.json"):
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line being written
+    return out
+
+
+def wait_for(predicate, what: str, timeout: float, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the search ended (rc {proc.returncode}) before {what}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def store(tmp_path: Path) -> tuple[MlflowClient, str]:
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return client, client.get_experiment_by_name("tiny-dept").experiment_id
+
+
+def parent_and_kids(tmp_path: Path):
+    client, experiment_id = store(tmp_path)
+    (parent,) = client.search_runs([experiment_id], "tags.`raypeft.role` = 'experiment'")
+    return client, parent, children(client, experiment_id, parent.info.run_id)
+
+
+def assert_each_step_once(client: MlflowClient, run_id: str, max_steps: int, every: int):
+    steps = [m.step for m in client.get_metric_history(run_id, "val_accuracy")]
+    assert sorted(steps) == list(range(every, max_steps + 1, every)), steps
+
+
+# A long single trial: 600 steps evaluated every 50 (tens of seconds on tiny-bert), so the
+# kill lands mid-trial, after at least one checkpoint.
+LONG = {"max_steps": 600, "eval_every": 50, "batch_size": 8, "head_lr": 0.01}
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [
+        {"trial_runner": "in_process"},  # the trial's Tune actor trains: Tune restarts it
+        {"trial_runner": "ray_train", "workers_per_trial": 2},  # Ray Train restarts workers
+    ],
+    ids=["tune-actor", "ray-train-ddp-worker"],
+)
+def test_killed_worker_resumes_from_its_checkpoint(tmp_path, resources):
+    path = tiny_experiment(
+        tmp_path,
+        train=LONG,
+        space={"method.lr_prompt": {"grid": [0.3]}, "method.lr_lowrank": {"grid": [1.0e-3]}},
+        search={"num_samples": 1, "scheduler": {"type": "none"}},
+        resources=resources,
+        run={"max_failures": 2},
+    )
+    proc = start_search(["--space", str(path), "--quiet"], tmp_path)
+    try:
+        first = wait_for(
+            lambda: [r for r in results(tmp_path / "ray_results") if r.get("step", 0) >= 100],
+            "a checkpoint at step 100",
+            timeout=300,
+            proc=proc,
+        )[0]
+        killed_pid = first["worker_pid"]
+        os.kill(killed_pid, signal.SIGKILL)  # the process that trains (rank 0)
+        assert proc.wait(timeout=420) == 0, (tmp_path / "stdout.log").read_text()[-3000:]
+    finally:
+        kill_session(proc)
+
+    client, parent, kids = parent_and_kids(tmp_path)
+    assert parent.info.status == "FINISHED"
+    (kid,) = kids  # still one run for the trial
+    tags = kid.data.tags
+    assert kid.info.status == "FINISHED"
+    resumed_at = int(tags["raypeft.resumed_from_step"])
+    assert first["step"] <= resumed_at < LONG["max_steps"]  # its last checkpoint, not step 0
+    assert int(tags["raypeft.worker_pid"]) != killed_pid  # a new process carried on
+    if resources["trial_runner"] == "in_process":
+        assert tags["raypeft.restarts"] == "1"  # Tune's FailureConfig restarted the trial
+    # nothing lost, nothing twice: every evaluation exactly once, up to the last step
+    assert_each_step_once(client, kid.info.run_id, LONG["max_steps"], LONG["eval_every"])
+    assert {f.path for f in client.list_artifacts(kid.info.run_id, "model")} >= {
+        "model/trainable.safetensors",
+        "model/config.yaml",
+    }
+
+
+def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
+    steps, every = 1000, 100  # ~10-20 s per trial on tiny-bert
+    path = tiny_experiment(
+        tmp_path,
+        train={**LONG, "max_steps": steps, "eval_every": every},
+        space={
+            "method.lr_prompt": {"grid": [0.1, 0.3, 0.5]},
+            "method.lr_lowrank": {"grid": [1.0e-3]},
+            "method.prompt_length": {"choice": [2, 4, 6]},
+        },
+        search={"num_samples": 3, "max_concurrent": 1, "scheduler": {"type": "none"}},
+    )
+    args = ["--space", str(path), "--quiet"]
+    proc = start_search(args, tmp_path)
+    try:
+        # the first trial finished (in MLflow too), the second past a checkpoint: kill then
+        def latest_steps() -> dict[str, int]:
+            out: dict[str, int] = {}
+            for r in results(tmp_path / "ray_results"):
+                out[r["trial_id"]] = max(out.get(r["trial_id"], 0), r.get("step", 0))
+            return out
+
+        done = wait_for(
+            lambda: [t for t, s in latest_steps().items() if s >= steps], "trial 1", 400, proc
+        )
+        wait_for(lambda: mlflow_finished(tmp_path, done[0]), "trial 1 in MLflow", 60, proc)
+        running = wait_for(
+            lambda: [t for t, s in latest_steps().items() if 2 * every <= s < steps - every],
+            "trial 2 mid-way",
+            400,
+            proc,
+        )
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        killed_at = time.time()
+    finally:
+        kill_session(proc)  # the driver's local Ray goes with it (as on a laptop reboot)
+
+    client, parent, kids = parent_and_kids(tmp_path)
+    assert parent.info.status == "RUNNING"  # what a killed driver leaves behind
+    before = {k.data.tags["raypeft.trial_id"]: k for k in kids}
+    finished_history = client.get_metric_history(before[done[0]].info.run_id, "val_accuracy")
+    study_name, storage = "tiny-dept", f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    complete_before = {
+        t.user_attrs["raypeft.tune_trial_id"]: t.value
+        for t in study.get_trials(states=(TrialState.COMPLETE,))
+    }
+    assert done[0] in complete_before
+
+    # a different file is refused; the same command with --resume continues
+    proc2 = run_cli(["tune", *args, "--resume", "--set", "train.seed=7"], cwd=tmp_path)
+    assert proc2.returncode == 2 and "train.seed" in proc2.stderr, proc2.stderr[-2000:]
+    resumed = run_cli(["tune", *args, "--resume"], cwd=tmp_path, timeout=600)
+    (tmp_path / "resume.log").write_text(resumed.stdout + resumed.stderr)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "3 trials" in resumed.stdout
+
+    client, parent_after, kids = parent_and_kids(tmp_path)  # still one search run
+    assert parent_after.info.run_id == parent.info.run_id
+    assert parent_after.info.status == "FINISHED"
+    trial_ids = [k.data.tags["raypeft.trial_id"] for k in kids]
+    assert len(kids) == 3 and len(set(trial_ids)) == 3  # exactly one run per trial
+    assert all(k.info.status == "FINISHED" for k in kids)
+    after = {k.data.tags["raypeft.trial_id"]: k for k in kids}
+    # the trial that had finished was not run again: its run is untouched
+    assert after[done[0]].info.end_time == before[done[0]].info.end_time
+    assert after[done[0]].info.end_time / 1000 < killed_at
+    history = client.get_metric_history(after[done[0]].info.run_id, "val_accuracy")
+    assert [(m.step, m.value) for m in history] == [(m.step, m.value) for m in finished_history]
+    # the interrupted trial continued its own run from its checkpoint
+    mid = after[running[0]]
+    assert int(mid.data.tags["raypeft.resumed_from_step"]) >= 2 * every
+    for kid in kids:
+        assert_each_step_once(client, kid.info.run_id, steps, every)
+
+    # the Optuna history is intact: the earlier trial as it was, every trial complete
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    complete = {
+        t.user_attrs["raypeft.tune_trial_id"]: t.value
+        for t in study.get_trials(states=(TrialState.COMPLETE,))
+    }
+    assert set(complete) == set(trial_ids)
+    assert all(complete[t] == v for t, v in complete_before.items())
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+
+
+def mlflow_finished(tmp_path: Path, trial_id: str) -> bool:
+    try:
+        _, _, kids = parent_and_kids(tmp_path)
+    except Exception:  # the store is being created
+        return False
+    return any(
+        k.data.tags.get("raypeft.trial_id") == trial_id and k.info.status == "FINISHED"
+        for k in kids
+    )
+
+
+def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path):
+    path = tiny_experiment(
+        tmp_path,
+        train={"warmup_ratio": 0.0},
+        space={"method.lr_prompt": {"grid": [1.0e30, 0.3]}, "method.lr_lowrank": {"grid": [1e-3]}},
+        search={"num_samples": 2, "scheduler": {"type": "none"}},
+    )
+    proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 trials (0 stopped early, 1 failed)" in proc.stdout
+    client, parent, kids = parent_and_kids(tmp_path)
+    assert parent.info.status == "FINISHED" and parent.data.metrics["num_failed_trials"] == 1
+    by_lr = {float(k.data.params["method.lr_prompt"]): k for k in kids}
+    bad, good = by_lr[1.0e30], by_lr[0.3]
+    assert bad.info.status == "FAILED"
+    assert "NonFiniteLossError" in bad.data.tags["raypeft.error"]
+    assert "raypeft.restarts" not in bad.data.tags  # a diverging loss is never retried
+    assert good.info.status == "FINISHED"
+    assert parent.data.tags["raypeft.best_run_id"] == good.info.run_id
+    study = optuna.load_study(study_name="tiny-dept", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    states = sorted(t.state.name for t in study.trials)
+    assert states == ["COMPLETE", "FAIL"]
+    (failed,) = [t for t in study.trials if t.state == TrialState.FAIL]
+    assert "NonFiniteLossError" in failed.user_attrs["raypeft.error"]
+
+
+def test_unreachable_tracking_server_fails_before_any_trial(tmp_path):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    uri = f"http://127.0.0.1:{port}"
+    path = tiny_experiment(tmp_path)
+    before = set(os.listdir(tmp_path))
+    start = time.monotonic()
+    proc = run_cli(["tune", "--space", str(path), "--tracking-uri", uri], cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and uri in lines[0] and "does not answer" in lines[0], proc.stderr
+    assert time.monotonic() - start < 60  # no minutes of HTTP retries
+    assert set(os.listdir(tmp_path)) == before  # no Ray results, no Optuna db, nothing
