@@ -42,7 +42,7 @@ def _check_resolvable(cfg: ExperimentConfig, source: str, *, address: str | None
     """
     try:
         _check_task_and_model(cfg, source)
-        from raypeft.config import check_stores
+        from raypeft.preflight import check_stores
 
         check_stores(cfg)
         if address is None:
@@ -63,14 +63,11 @@ def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
     from pydantic import ValidationError
 
     from raypeft.backbones import backbone_dims, load_config
-    from raypeft.config import (
-        apply_trial_params,
-        check_model_name,
-        format_validation_error,
-        space_candidates,
-    )
+    from raypeft.config import apply_trial_params, space_candidates
+    from raypeft.config_errors import format_validation_error
     from raypeft.data.corpora import check_corpus
     from raypeft.data.tasks import check_task_files, resolve_task_spec
+    from raypeft.preflight import check_model_name
 
     spec = resolve_task_spec(cfg.task)
     check_task_files(cfg.task)  # exist, readable, not empty, columns in the header

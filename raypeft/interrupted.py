@@ -1,5 +1,4 @@
-"""Finding an interrupted search to resume (``raypeft tune --resume``), and checking the
-tracking store answers before a search starts.
+"""Finding an interrupted search to resume (``raypeft tune --resume``).
 
 A search records on its MLflow parent run where Ray Tune keeps its experiment
 (``raypeft.tune_path``) and a hash of its resolved experiment (``raypeft.config_hash``). A
@@ -11,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,42 +84,3 @@ def _changed_keys(client: MlflowClient, run_id: str, cfg: ExperimentConfig) -> s
 
 def _param_text(value: Any) -> str:
     return json.dumps(value) if isinstance(value, (list, dict, tuple)) else str(value)
-
-
-@contextmanager
-def _no_retries(timeout_s: int):
-    """MLflow's HTTP client retries for minutes by default; a start-up probe must not."""
-    names = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s)}
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(names)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def check_tracking_store(uri: str, shown_as: str, timeout_s: int = 10) -> None:
-    """Fail fast, before any trial, when the tracking store cannot be used.
-
-    An ``http(s)`` server must answer (one request, no retries); a sqlite file's folder must
-    exist. ``shown_as`` is the URI as the error shows it (credentials redacted).
-    """
-    if uri.startswith(("http://", "https://")):
-        with _no_retries(timeout_s):
-            try:
-                MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-            except Exception as exc:  # connection refused, DNS, timeout, HTTP errors
-                reason = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-                raise ConfigError(
-                    f"tracking.uri {shown_as}: the MLflow tracking server does not answer "
-                    f"({type(exc).__name__}{': ' + reason if reason else ''}); start it or "
-                    "fix --tracking-uri / tracking.uri"
-                ) from None
-    elif uri.startswith("sqlite:///"):
-        folder = Path(uri[len("sqlite:///") :]).parent
-        if not folder.is_dir():
-            raise ConfigError(f"tracking.uri {shown_as}: folder {folder} does not exist")

@@ -10,6 +10,6 @@ FAILURE_KEY = "raypeft_failure"
 # trial continued from.
 RESUMED_KEY = "resumed_from_step"
 
-# Where the (rank-0) training process runs (raypeft.tune.worker_identity); with RESUMED_KEY
+# Where the (rank-0) training process runs (raypeft.trials.worker_identity); with RESUMED_KEY
 # these are tagged raypeft.<key> on the trial's MLflow run.
 WORKER_KEYS = ("worker_node_id", "worker_node_ip", "worker_pid")

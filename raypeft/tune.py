@@ -8,7 +8,6 @@ mirrored to a nested MLflow run -> the best configuration evaluated once on the 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -34,11 +33,12 @@ from raypeft.data import TokenizedTask, prepare_task
 from raypeft.interrupted import (
     CONFIG_HASH_TAG,
     TUNE_PATH_TAG,
-    check_tracking_store,
     config_hash,
     find_interrupted_search,
 )
+from raypeft.preflight import check_tracking_store
 from raypeft.progress import ProgressPrinter
+from raypeft.ray_session import init_ray
 from raypeft.redact import redact_uri
 from raypeft.repeats import FixedConfigs, RepeatGroup, group_repeats, repeat_configs, top_trials
 from raypeft.resources import check_fits, cluster_nodes
@@ -58,7 +58,7 @@ from raypeft.searcher import (
     resolve_constraints,
     resolve_objectives,
 )
-from raypeft.space import DefineByRun, candidate_methods, trial_config
+from raypeft.space import DefineByRun, candidate_methods
 from raypeft.tracking import (
     DEFAULT_TRACKING_URI,
     MLflowTrialCallback,
@@ -66,11 +66,8 @@ from raypeft.tracking import (
     open_experiment,
     start_parent_run,
 )
-from raypeft.train import evaluate, load_checkpoint, split_dataset, train
-
-# The Tune function that drives a Ray Train run needs no CPU of its own; Ray rejects an
-# all-zero request, so it asks for a sliver of memory instead (works on any cluster).
-_DRIVER_RESOURCES = {"CPU": 0, "memory": 64 * 1024**2}
+from raypeft.train import evaluate, load_checkpoint, split_dataset
+from raypeft.trials import storage_path, trainable_for, use_ray_train
 
 
 @dataclass
@@ -102,147 +99,6 @@ class SearchSummary:
 
 
 # ----------------------------------------------------------------------------- trials
-
-
-def worker_identity() -> dict[str, Any]:
-    """Where the (rank-0) training process runs: tagged on the trial's MLflow run.
-
-    Tune's own ``node_ip``/``pid`` keys name the trial's Tune actor, which for Ray Train
-    trials is not the process that trains; on one machine several nodes share an IP.
-    """
-    return {
-        "worker_node_id": ray.get_runtime_context().get_node_id(),
-        "worker_node_ip": ray.util.get_node_ip_address(),
-        "worker_pid": os.getpid(),
-    }
-
-
-def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
-    """Tune function trainable: train the trial right here (single worker)."""
-    torch.set_num_threads(threads)
-    cfg = trial_config(ExperimentConfig.model_validate(base), config)
-    task: TokenizedTask = ray.get(data_ref[0])
-
-    def report(metrics: dict, folder: Path | None) -> None:
-        checkpoint = tune.Checkpoint.from_directory(folder) if folder else None
-        tune.report({**metrics, **worker_identity()}, checkpoint=checkpoint)
-
-    use_cuda = cfg.resources.use_gpu and torch.cuda.is_available()  # Tune set the visible GPU
-    # a trial Tune restarts (its actor died, or `raypeft tune --resume`) continues from its
-    # latest checkpoint, which holds the full training state
-    with _checkpoint_folder(tune.get_checkpoint()) as resume_from:
-        train(
-            cfg,
-            task,
-            report,
-            device=torch.device("cuda" if use_cuda else "cpu"),
-            resume_from=resume_from,
-        )
-
-
-@contextlib.contextmanager
-def _checkpoint_folder(checkpoint):
-    """A local folder with the checkpoint's files (downloaded from S3 if need be), or None."""
-    if checkpoint is None:
-        yield None
-        return
-    with checkpoint.as_directory() as folder:
-        yield Path(folder)
-
-
-def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
-    """Tune function trainable: run the trial as a Ray Train TorchTrainer (1+ workers)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-    from ray.tune.integration.ray_train import TuneReportCallback
-
-    cfg = ExperimentConfig.model_validate(base)
-    res = cfg.resources
-    context = tune.get_context()
-    trainer = TorchTrainer(
-        _train_worker,
-        train_loop_config={
-            "base": base,
-            "params": config,
-            "data_ref": data_ref,
-            "threads": threads,
-        },
-        scaling_config=ScalingConfig(
-            num_workers=res.workers_per_trial,
-            use_gpu=res.use_gpu,
-            resources_per_worker={"CPU": res.cpus_per_worker},
-        ),
-        run_config=RunConfig(
-            name=f"{context.get_experiment_name()}-{context.get_trial_id()}",
-            storage_path=_storage_path(cfg),
-            callbacks=[TuneReportCallback()],
-            checkpoint_config=CheckpointConfig(num_to_keep=1),
-            # a dead worker restarts the worker group from the latest checkpoint; a run
-            # started again under the same name (Tune restarting this trial) resumes too
-            failure_config=FailureConfig(max_failures=cfg.run.max_failures),
-        ),
-    )
-    trainer.fit()
-
-
-def _train_worker(loop_config: dict) -> None:
-    """One Ray Train worker: the same loop, with DDP when there are several workers."""
-    import ray.train
-    import ray.train.torch
-
-    torch.set_num_threads(loop_config["threads"])
-    cfg = trial_config(ExperimentConfig.model_validate(loop_config["base"]), loop_config["params"])
-    task: TokenizedTask = ray.get(loop_config["data_ref"][0])
-    context = ray.train.get_context()
-    world = context.get_world_size()
-
-    def report(metrics: dict, folder: Path | None) -> None:
-        checkpoint = ray.train.Checkpoint.from_directory(folder) if folder else None
-        ray.train.report({**metrics, **worker_identity()}, checkpoint=checkpoint)
-
-    with _checkpoint_folder(ray.train.get_checkpoint()) as resume_from:
-        train(
-            cfg,
-            task,
-            report,
-            device=ray.train.torch.get_device(),
-            wrap_model=ray.train.torch.prepare_model if world > 1 else None,
-            rank=context.get_world_rank(),
-            world_size=world,
-            resume_from=resume_from,
-        )
-
-
-def use_ray_train(cfg: ExperimentConfig) -> bool:
-    """``auto``: in-process for one worker (measured faster, see README), else Ray Train."""
-    runner = cfg.resources.trial_runner
-    if runner == "auto":
-        return cfg.resources.workers_per_trial > 1 or cfg.resources.use_gpu
-    return runner == "ray_train"
-
-
-def _storage_path(cfg: ExperimentConfig) -> str:
-    """Where Ray keeps results: a URI (s3://...) as given, a local path made absolute."""
-    path = cfg.run.storage_path or "~/ray_results"  # Ray's own default
-    if "://" in path:
-        return path
-    return str(Path(path).expanduser().resolve())
-
-
-# ----------------------------------------------------------------------------- search
-
-
-def _trainable(cfg: ExperimentConfig, data_ref: ray.ObjectRef):
-    res = cfg.resources
-    threads = cfg.train.num_threads or max(1, int(res.cpus_per_worker))
-    with_ray_train = use_ray_train(cfg)
-    fn = trial_with_ray_train if with_ray_train else trial_in_process
-    wrapped = tune.with_parameters(
-        fn, base=cfg.model_dump(mode="json"), data_ref=[data_ref], threads=threads
-    )
-    if with_ray_train:
-        return tune.with_resources(wrapped, _DRIVER_RESOURCES)
-    return tune.with_resources(wrapped, {"CPU": res.cpus_per_worker, "GPU": int(res.use_gpu)})
 
 
 class TrialNamer:
@@ -347,63 +203,6 @@ def _scheduler(cfg: ExperimentConfig, metric: str, mode: str):
     )
 
 
-# Ray binds every server of a node (GCS, raylet, object manager, workers, agents, metrics)
-# to the node's IP address, and to loopback only when that address is loopback. ray.init()
-# turns _node_ip_address="127.0.0.1" into the machine's external address, so a local Ray is
-# given the loopback address as Ray does for single-machine Ray on macOS and Windows.
-_SINGLE_MACHINE_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
-
-
-@contextlib.contextmanager
-def _loopback_node():
-    """While a local Ray starts: its node address is 127.0.0.1, so it listens on loopback."""
-    from ray._private import ray_constants
-
-    before_env = os.environ.get(_SINGLE_MACHINE_RAY)
-    before_flag = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ[_SINGLE_MACHINE_RAY] = "0"  # the processes Ray starts
-    ray_constants.ENABLE_RAY_CLUSTER = False  # this one (read when ray was imported)
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = before_flag
-        if before_env is None:
-            os.environ.pop(_SINGLE_MACHINE_RAY, None)
-        else:
-            os.environ[_SINGLE_MACHINE_RAY] = before_env
-
-
-def init_ray(address: str | None, quiet: bool = False) -> None:
-    """Connect to a cluster (``address``) or start a local Ray with this machine's CPUs."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    # Tune's newer console output ignores verbose=0; raypeft prints its own progress table
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # Trials checkpoint only when their metric improves, and with num_to_keep set Tune then
-    # snapshots the experiment each time: expected here, not worth a warning per trial.
-    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
-    # A diverged trial's last result carries the failure, not the metric (raypeft.train):
-    # every other result has it, and the schedulers and searcher skip results without it.
-    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
-    if ray.is_initialized():
-        return
-    if quiet:  # --quiet: the summary only, no Ray/Tune chatter
-        logging.getLogger("ray").setLevel(logging.ERROR)
-    level = logging.ERROR if quiet else logging.WARNING
-    if address:
-        ray.init(address=address, log_to_driver=False, logging_level=level)
-    else:
-        with _loopback_node():  # one machine's Ray: nothing listens beyond loopback
-            ray.init(
-                # "local": always a fresh instance, never a cluster `ray start` left running
-                # here (ray.init() with no address would silently join it)
-                address="local",
-                num_cpus=os.cpu_count(),
-                include_dashboard=False,
-                log_to_driver=False,
-                logging_level=level,
-            )
-
-
 def _quiet_loggers() -> None:
     """Library chatter the user cannot act on (MLflow table creation, new Optuna studies)."""
     import optuna
@@ -418,7 +217,7 @@ class SearchFailed(RuntimeError):
 
 def _build_tuner(cfg, data_ref, search_alg, scheduler, num_samples, callbacks, name: str):
     return tune.Tuner(
-        _trainable(cfg, data_ref),
+        trainable_for(cfg, data_ref),
         tune_config=tune.TuneConfig(
             search_alg=search_alg,
             scheduler=scheduler,
@@ -429,7 +228,7 @@ def _build_tuner(cfg, data_ref, search_alg, scheduler, num_samples, callbacks, n
         ),
         run_config=tune.RunConfig(
             name=name,
-            storage_path=_storage_path(cfg),
+            storage_path=storage_path(cfg),
             callbacks=callbacks,
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
             # a trial whose actor dies restarts from its latest checkpoint (full state)
@@ -442,12 +241,12 @@ def _build_tuner(cfg, data_ref, search_alg, scheduler, num_samples, callbacks, n
 def _warn_if_storage_not_shared(cfg: ExperimentConfig, say) -> None:
     """Trials on other machines write their checkpoints to their own disks when
     ``run.storage_path`` is a local folder; the driver then cannot read them."""
-    if "://" in _storage_path(cfg):
+    if "://" in storage_path(cfg):
         return
     machines = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
     if len(machines) > 1:
         say(
-            f"  warning: run.storage_path {_storage_path(cfg)} is a local folder, but the "
+            f"  warning: run.storage_path {storage_path(cfg)} is a local folder, but the "
             f"cluster spans {len(machines)} machines: give shared storage (s3://..., NFS)"
         )
 
@@ -478,7 +277,7 @@ def _discrete_values(param) -> list:
 
 def experiment_path(cfg: ExperimentConfig, name: str) -> str:
     """Where Ray Tune keeps the experiment called ``name`` (a folder or a URI)."""
-    storage = _storage_path(cfg)
+    storage = storage_path(cfg)
     return f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage) / name)
 
 
@@ -507,7 +306,7 @@ def _fit(cfg, data_ref, make_searcher, make_scheduler, num_samples, callbacks, n
     if resume and tune.Tuner.can_restore(path):
         tuner = tune.Tuner.restore(
             path,
-            trainable=_trainable(cfg, data_ref),
+            trainable=trainable_for(cfg, data_ref),
             resume_unfinished=True,
             resume_errored=False,  # they failed for good (out of retries)
         )
@@ -770,7 +569,7 @@ def run_experiment(
             test=test,
             num_trials=len(results),
             num_errors=errors,
-            storage_path=str(Path(_storage_path(cfg)) / name),
+            storage_path=str(Path(storage_path(cfg)) / name),
             wall_s=time.time() - start,
             trial_run_ids=dict(tracker.run_ids),
             objectives=objectives,

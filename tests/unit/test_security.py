@@ -473,7 +473,7 @@ _RAY_PROBE = textwrap.dedent(
     """
     import json, time
     import psutil, ray
-    from raypeft.tune import init_ray
+    from raypeft.ray_session import init_ray
 
     init_ray(None, quiet=True)
 
