@@ -18,21 +18,15 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
-from test_tune_cli import RAYPEFT, children, run_cli, tiny_experiment  # helpers beside this file
+from test_tune_cli import (  # helpers beside this file
+    RAYPEFT,
+    children,
+    cli_env,
+    run_cli,
+    tiny_experiment,
+)
 
 pytestmark = pytest.mark.integration
-
-
-def cli_env() -> dict[str, str]:
-    env = dict(
-        os.environ,
-        RAY_AUTH_MODE="disabled",
-        RAY_USAGE_STATS_ENABLED="0",
-        MLFLOW_DISABLE_TELEMETRY="true",
-        HF_HUB_OFFLINE="1",
-    )
-    env.pop("MLFLOW_TRACKING_URI", None)
-    return env
 
 
 def start_search(args: list[str], cwd: Path) -> subprocess.Popen:

@@ -45,10 +45,9 @@ def tiny_experiment(tmp_path: Path, **sections) -> Path:
     return path
 
 
-def run_cli(
-    args: list[str], cwd: Path, timeout: int = 600, stdin: str | None = None
-) -> subprocess.CompletedProcess:
-    """The ``raypeft`` console script in a subprocess, offline, with ``stdin`` as its input."""
+def cli_env() -> dict[str, str]:
+    """The environment CLI subprocesses run in: offline, no Ray auth or usage stats, and
+    the default MLflow store of their working directory."""
     env = dict(
         os.environ,
         RAY_AUTH_MODE="disabled",
@@ -57,10 +56,17 @@ def run_cli(
         HF_HUB_OFFLINE="1",
     )
     env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def run_cli(
+    args: list[str], cwd: Path, timeout: int = 600, stdin: str | None = None
+) -> subprocess.CompletedProcess:
+    """The ``raypeft`` console script in a subprocess, offline, with ``stdin`` as its input."""
     return subprocess.run(
         [RAYPEFT, *args],
         cwd=cwd,
-        env=env,
+        env=cli_env(),
         input=stdin,
         capture_output=True,
         text=True,
