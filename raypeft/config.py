@@ -287,6 +287,7 @@ class SearchConfig(_Strict):
     )
     study_name: str | None = Field(
         None,
+        min_length=1,
         description="Optuna study (default: the MLflow experiment's name); a search with "
         "the same study continues its history",
     )
@@ -331,7 +332,9 @@ class ResourcesConfig(_Strict):
 
 class TrackingConfig(_Strict):
     uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///mlflow.db)")
-    experiment: str | None = Field(None, description="MLflow experiment name (default: name)")
+    experiment: str | None = Field(
+        None, min_length=1, description="MLflow experiment name (default: name)"
+    )
 
 
 class RunConfig(_Strict):

@@ -74,6 +74,21 @@ def check_stores(cfg: ExperimentConfig) -> None:
                 f"search.storage: {redact_uri(cfg.search.storage)!r} must be a database URL "
                 f"({', '.join(sorted(_SQL_SCHEMES))}), e.g. sqlite:///optuna.db"
             )
+        _check_sql_driver(cfg.search.storage, "search.storage")
+
+
+def _check_sql_driver(url: str, key: str) -> None:
+    """The database URL parses and its driver is installed (e.g. psycopg2 for postgresql)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        make_url(url).get_dialect().import_dbapi()
+    except Exception as exc:  # ArgumentError (a bad URL), ModuleNotFoundError (no driver)
+        raise ConfigError(
+            f"{key}: {redact_uri(url)}: cannot use this database URL "
+            f"({type(exc).__name__}: {redact_uri(str(exc)).splitlines()[0][:200]}); it must "
+            "parse, and its driver must be installed"
+        ) from None
 
 
 _SQL_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "oracle"}
@@ -97,6 +112,14 @@ def _check_tracking_uri(uri: str, key: str) -> None:
             f"{key}: {redact_uri(uri)!r} has the unknown scheme {scheme!r}; it must be an MLflow "
             "tracking URI (sqlite:///mlflow.db, a folder, file://..., http(s)://..., postgresql://...)"
         )
+    if scheme in ("", "file") and not _env_true("MLFLOW_ALLOW_FILE_STORE"):
+        raise ConfigError(
+            f"{key}: {redact_uri(uri)!r} is MLflow's file store, which MLflow 3 refuses unless "
+            "MLFLOW_ALLOW_FILE_STORE=true; it must be a database or server URI "
+            "(e.g. sqlite:///mlflow.db)"
+        )
+    if scheme.split("+", 1)[0] in _SQL_SCHEMES:
+        _check_sql_driver(uri, key)
     _check_sqlite_folder(uri, key)
 
 

@@ -439,8 +439,8 @@ def run_experiment(
     # what fails here leaves no store, study or run behind
     precompute_features(cfg, data, say)
 
-    init_ray(address, quiet)
     if address:  # a cluster: can it ever place one trial? (locally the CLI checked already)
+        init_ray(address, quiet)
         try:
             check_fits(cfg, cluster_nodes(), where=f"the cluster at {address}")
         except ConfigError:
@@ -448,9 +448,12 @@ def run_experiment(
             raise
 
     # the MLflow store and the Optuna study are opened (created) from here on
-    client = MlflowClient(tracking_uri=uri)
+    client = MlflowClient(tracking_uri=uri) if resume else None  # (resume: the store exists)
     interrupted = find_interrupted_search(client, cfg, source) if resume else None
     plan = plan_study(cfg, uri, [o.mode for o in objectives], resuming=interrupted is not None)
+    client = client or MlflowClient(tracking_uri=uri)  # creates a sqlite store's file
+    if not address:  # a local Ray, once nothing in the input can fail any more
+        init_ray(None, quiet)
     if plan.finished_before and not interrupted:
         skipped = len(cfg.grid_points()) - len(plan.points) if cfg.search.sampler != "grid" else 0
         say(

@@ -569,6 +569,22 @@ CASES: list[Case] = [
         data=True,
     ),
     Case(
+        "tracking-uri-is-a-file-store",
+        exp(tracking={"uri": "./mlruns"}),
+        ("tracking.uri", "file store", "MLFLOW_ALLOW_FILE_STORE", "must be"),
+    ),
+    Case(
+        "optuna-storage-driver-missing-password-redacted",
+        exp(
+            search={
+                "num_samples": 2,
+                "storage": "postgresql+nosuchdriver://me:s3cr3t-pw@db.example/optuna",
+            }
+        ),
+        ("search.storage", "me:***@db.example", "driver must be installed"),
+    ),
+    Case("empty-study-name", exp(search__study_name=""), ("search.study_name", "at least 1")),
+    Case(
         "batch-larger-than-the-training-set",
         lambda tmp: exp(task=files_task(tmp), train__batch_size=16),
         ("train.batch_size", "`batch_size <= 8`", "must hold", "got 16"),
