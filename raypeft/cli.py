@@ -99,11 +99,45 @@ def _check_task_and_model(cfg: ExperimentConfig, source: str) -> None:
             if key in checked:
                 continue
             checked.add(key)
-            method.resolve(dims).check_backbone(dims)
+            resolved = method.resolve(dims)
+            resolved.check_backbone(dims)
+            _check_positions(resolved, config, cfg.model)
             if hasattr(method, "corpus") and getattr(method, "strategy", None) != "random":
                 check_corpus(method.corpus)  # IPT's pretraining corpus (built before trials)
         except ValueError as exc:
             raise ConfigError(f"{source}: {where}: {exc}") from None
+
+
+# Model types whose position embeddings are a table of max_position_embeddings rows.
+_ABSOLUTE_POSITIONS = {
+    "albert",
+    "bert",
+    "camembert",
+    "distilbert",
+    "electra",
+    "ernie",
+    "gpt2",
+    "opt",
+    "roberta",
+    "xlm-roberta",
+}
+
+
+def _check_positions(method, config, model) -> None:
+    """Prompt tokens prepended to an input of ``max_length`` tokens must fit the backbone's
+    absolute position embeddings (BERT-, RoBERTa-, GPT-2-style); otherwise every trial would
+    fail in its first step. (kv deep prompts add keys only, no positions.)"""
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    kind = getattr(config, "position_embedding_type", None)  # BERT-family configs may say
+    absolute = kind == "absolute" or (kind is None and config.model_type in _ABSOLUTE_POSITIONS)
+    if not limit or not absolute:
+        return
+    tokens = 0 if getattr(method, "style", None) == "kv" else getattr(method, "prompt_length", 0)
+    if model.max_length + tokens > limit:
+        raise ValueError(
+            f"`model.max_length + prompt_length <= {limit}` must hold ({model.name} has {limit} "
+            f"positions), but got {model.max_length} + {tokens} = {model.max_length + tokens}"
+        )
 
 
 # Shared by every command that reads an experiment file.

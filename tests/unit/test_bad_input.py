@@ -569,6 +569,11 @@ CASES: list[Case] = [
         data=True,
     ),
     Case(
+        "prompt-and-input-beyond-the-position-embeddings",
+        exp(model={"name": "tiny-bert", "max_length": 510}),
+        ("method", "`model.max_length + prompt_length <= 512` must hold", "510 + 4 = 514"),
+    ),
+    Case(
         "tracking-uri-is-a-file-store",
         exp(tracking={"uri": "./mlruns"}),
         ("tracking.uri", "file store", "MLFLOW_ALLOW_FILE_STORE", "must be"),
