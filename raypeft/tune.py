@@ -418,11 +418,14 @@ def run_experiment(
     _quiet_loggers()
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
     check_tracking_store(uri, redact_uri(uri))  # first: a dead server fails in seconds
-    if resume:  # resuming needs the store; never create an empty one
+    client = interrupted = None
+    if resume:  # resuming needs the store (never create an empty one) and a search in it
         try:
             check_store(uri)
         except ConfigError as exc:
             raise ConfigError(f"--resume: {exc}") from None
+        client = MlflowClient(tracking_uri=uri)
+        interrupted = find_interrupted_search(client, cfg, source)
 
     say(f"Preparing task {cfg.task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ...")
     data = prepare_task(cfg.task, cfg.model)
@@ -448,8 +451,6 @@ def run_experiment(
             raise
 
     # the MLflow store and the Optuna study are opened (created) from here on
-    client = MlflowClient(tracking_uri=uri) if resume else None  # (resume: the store exists)
-    interrupted = find_interrupted_search(client, cfg, source) if resume else None
     plan = plan_study(cfg, uri, [o.mode for o in objectives], resuming=interrupted is not None)
     client = client or MlflowClient(tracking_uri=uri)  # creates a sqlite store's file
     if not address:  # a local Ray, once nothing in the input can fail any more
