@@ -870,3 +870,36 @@ def test_bad_input_in_a_real_process(case_id, tmp_path):
         assert part in errors[0]
     assert not ray_tmp.exists(), "a Ray session was started"
     assert _listing(work) == before
+
+
+def test_cluster_nodes_count_what_the_autoscaler_can_launch(tmp_path, monkeypatch):
+    """On a `ray up` head, GPU workers may not exist yet: the launcher file's node types
+    (~/ray_bootstrap_config.yaml) count as nodes the cluster can provide."""
+    import ray
+
+    from raypeft.resources import check_fits, cluster_nodes
+
+    head = {"NodeID": "h", "Alive": True, "Resources": {"CPU": 0.0, "memory": 1e9}}
+    gone = {"NodeID": "x", "Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}
+    monkeypatch.setattr(ray, "nodes", lambda: [head, gone])
+    missing = tmp_path / "none.yaml"
+    assert cluster_nodes(str(missing)) == [{"CPU": 0.0, "memory": 1e9}]
+    with pytest.raises(Exception, match="resources.use_gpu"):
+        check_fits(_cfg(use_gpu=True), cluster_nodes(str(missing)), where="the cluster")
+
+    launcher = tmp_path / "ray_bootstrap_config.yaml"
+    launcher.write_text(
+        yaml.safe_dump(
+            {
+                "available_node_types": {
+                    "head": {"resources": {"CPU": 0, "GPU": 0}, "max_workers": 0},
+                    "gpu_1x": {"resources": {"CPU": 4, "GPU": 1}, "max_workers": 2},
+                }
+            }
+        )
+    )
+    nodes = cluster_nodes(str(launcher))
+    assert nodes.count({"CPU": 4.0, "GPU": 1.0}) == 2
+    check_fits(_cfg(use_gpu=True, workers_per_trial=2), nodes, where="the cluster")
+    with pytest.raises(Exception, match="workers_per_trial"):
+        check_fits(_cfg(use_gpu=True, workers_per_trial=3), nodes, where="the cluster")
