@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any
 
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
@@ -19,6 +18,7 @@ from mlflow.tracking import MlflowClient
 from raypeft.config import ConfigError, ExperimentConfig, flatten
 from raypeft.redact import redact_params
 from raypeft.runs import parent_runs
+from raypeft.tracking import param_text  # the value exactly as it was logged
 
 TUNE_PATH_TAG = "raypeft.tune_path"
 CONFIG_HASH_TAG = "raypeft.config_hash"
@@ -75,12 +75,8 @@ def _changed_keys(client: MlflowClient, run_id: str, cfg: ExperimentConfig) -> s
     diffs = []
     for key in sorted(set(logged) | set(now)):
         old = logged.get(key)
-        new = _param_text(now[key]) if key in now else None
+        new = param_text(now[key]) if key in now else None
         if key.startswith("best.") or old == new or (old is not None and "***" in old):
             continue
         diffs.append(f"{key}: {old} -> {new}")
     return ", ".join(diffs[:3]) + (", ..." if len(diffs) > 3 else "")
-
-
-def _param_text(value: Any) -> str:
-    return json.dumps(value) if isinstance(value, (list, dict, tuple)) else str(value)

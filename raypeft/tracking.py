@@ -48,12 +48,13 @@ def open_experiment(client: MlflowClient, name: str) -> str:
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
-    items = [Param(k, _param_text(v)) for k, v in sorted(redact_params(params).items())]
+    items = [Param(k, param_text(v)) for k, v in sorted(redact_params(params).items())]
     for i in range(0, len(items), _BATCH):
         client.log_batch(run_id, params=items[i : i + _BATCH])
 
 
-def _param_text(value: Any) -> str:
+def param_text(value: Any) -> str:
+    """A value as MLflow stores it as a param (JSON for containers, cut at its limit)."""
     text = json.dumps(value) if isinstance(value, (list, dict, tuple)) else str(value)
     return text[:6000]  # MLflow's param value limit
 
