@@ -12,7 +12,7 @@ DePT. Inputs are padded to exactly s=256 (real tweets from the packaged task by 
 random token ids with ``--data random``); both methods get the very same batches.
 
 1. Training step time: forward + backward + gradient clipping + AdamW step, exactly as
-   ``raypeft.train.train`` does it (batch 16). Both models are built in this process; after
+   ``raypeft.training.loop.train`` does it (batch 16). Both models are built in this process; after
    ``--warmup`` steps each, the timed steps ALTERNATE between the methods step by step (and the
    order within a pair flips every round), so slow phases of a shared, noisy machine hit both
    alike. Reported: median step time per method, and the median of the per-pair ratios.
@@ -39,9 +39,9 @@ random token ids with ``--data random``); both methods get the very same batches
 Part B: Ray-driven trial throughput against the bare training loop on the same work. A small
 configuration (MiniLM, s=64, PT l=20, ``max_steps=40``, ``eval_every=20``, 640 training and 200
 validation/test tweets) is trained N times (``--ray-trials``, default 4) by calling
-``raypeft.train.train(cfg, task, report=lambda m, c: None)`` directly in this process, one
-after another (the "bare loop"), and through ``raypeft.tune.run_experiment`` (Ray Tune + Optuna
-+ MLflow; ``search.num_samples=N``, ``search.scheduler.type=none``), once with
+``raypeft.training.loop.train(cfg, task, report=lambda m, c: None)`` directly in this process, one
+after another (the "bare loop"), and through ``raypeft.search.run.run_experiment`` (Ray Tune
++ Optuna + MLflow; ``search.num_samples=N``, ``search.scheduler.type=none``), once with
 ``resources.trial_runner=in_process`` and once with ``ray_train``. The searched key is
 ``method.lr`` (a choice of 0.1/0.3), which does not change the work. Bare passes and Ray runs
 alternate (bare, in_process, bare, ray_train, bare); each search is compared with the mean
@@ -106,7 +106,7 @@ def method_dict(name: str, args: argparse.Namespace) -> dict:
 
 
 def step_config(name: str, args: argparse.Namespace):
-    from raypeft.config import validate_experiment
+    from raypeft.config.schema import validate_experiment
 
     return validate_experiment(
         {
@@ -121,9 +121,9 @@ def step_config(name: str, args: argparse.Namespace):
 
 def build(name: str, args: argparse.Namespace, num_labels: int):
     """(cfg, model, optimizer) for one method: the same code path as a trial."""
-    from raypeft.backbones import load_backbone
-    from raypeft.model import PromptedModel
-    from raypeft.train import build_optimizer
+    from raypeft.modeling.backbones import load_backbone
+    from raypeft.modeling.prompted import PromptedModel
+    from raypeft.training.loop import build_optimizer
 
     cfg = step_config(name, args)
     backbone = load_backbone(cfg.model, num_labels, "classification", seed=cfg.train.seed)
@@ -132,7 +132,7 @@ def build(name: str, args: argparse.Namespace, num_labels: int):
 
 
 def train_step(model, optimizer, batch, max_grad_norm) -> None:
-    """One step as ``raypeft.train.train`` takes it: forward, backward, clip, AdamW."""
+    """One step as ``raypeft.training.loop.train`` takes it: forward, backward, clip, AdamW."""
     import torch
 
     inputs, labels = batch
@@ -150,7 +150,7 @@ def make_batches(args: argparse.Namespace) -> tuple[dict, int]:
 
     n = args.num_batches * args.batch_size
     if args.data == "random":
-        from raypeft.backbones import load_tokenizer
+        from raypeft.modeling.backbones import load_tokenizer
 
         vocab = len(load_tokenizer(args.model))
         rng = np.random.default_rng(0)
@@ -162,7 +162,7 @@ def make_batches(args: argparse.Namespace) -> tuple[dict, int]:
         }
         num_labels = 3
     else:
-        from raypeft.config import ModelConfig, TaskConfig
+        from raypeft.config.schema import ModelConfig, TaskConfig
         from raypeft.data import prepare_task
 
         task = prepare_task(
@@ -338,7 +338,7 @@ def part_a(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
-    from raypeft.budget import prompt_tuning_params
+    from raypeft.methods.counts import prompt_tuning_params
 
     torch.set_num_threads(args.threads)
     print(
@@ -487,7 +487,7 @@ def part_a(args: argparse.Namespace) -> None:
 
 
 def ray_config(args: argparse.Namespace, runner: str, tmp: Path):
-    from raypeft.config import validate_experiment
+    from raypeft.config.schema import validate_experiment
 
     return validate_experiment(
         {
@@ -522,19 +522,19 @@ def ray_config(args: argparse.Namespace, runner: str, tmp: Path):
 
 
 def part_b(args: argparse.Namespace) -> bool:
-    """Returns False when ``raypeft.tune.run_experiment`` is not there yet."""
+    """Returns False when ``raypeft.search.run.run_experiment`` is not there yet."""
     import torch
 
     try:
-        from raypeft.tune import run_experiment
+        from raypeft.search.run import run_experiment
     except ImportError as exc:
-        print(f"== Part B skipped: raypeft.tune.run_experiment is not available ({exc})")
+        print(f"== Part B skipped: raypeft.search.run.run_experiment is not available ({exc})")
         return False
     import ray
 
-    from raypeft.config import apply_trial_params
+    from raypeft.config.schema import apply_trial_params
     from raypeft.data import prepare_task
-    from raypeft.train import train
+    from raypeft.training.loop import train
 
     n = args.ray_trials
     runners = [r.strip() for r in args.ray_runners.split(",") if r.strip()]

@@ -106,8 +106,8 @@ def run_one(job: tuple) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from raypeft.config import validate_experiment
-    from raypeft.train import build_model, evaluate, split_dataset, train
+    from raypeft.config.schema import validate_experiment
+    from raypeft.training.loop import build_model, evaluate, split_dataset, train
 
     torch.set_num_threads(1)
     base, task_name, label, method, lr, seed = job
@@ -143,9 +143,9 @@ def run_one(job: tuple) -> dict:
 
 def prepare(args) -> None:
     """Tokenise every task once and compute IDPG's encodings once per task (parent only)."""
-    from raypeft.config import validate_experiment
+    from raypeft.config.schema import validate_experiment
     from raypeft.data import prepare_task
-    from raypeft.tune import precompute_features
+    from raypeft.search.run import precompute_features
 
     for task in args.tasks:
         cfg = validate_experiment(base_config(args, task), f"fidelity:{task}")

@@ -6,10 +6,10 @@ M-IDPG-PHM (IDPG Table 1: every layer, M version, previous-layer input, t=5, m=1
 the pre-trained all-MiniLM-L6-v2 (d=384, s=``--max-length``), real tweets from the packaged
 task, batch 16. Its generator reads ``M(x)``, the frozen backbone's own mean-pooled encoding
 of the UN-prompted input. ``M(x)`` depends on no trained parameter, so raypeft computes it once
-per example on the driver (:func:`raypeft.tune.precompute_features`) and ships it to every
+per example on the driver (:func:`raypeft.search.run.precompute_features`) and ships it to every
 trial; the alternative (what a naive implementation does) is an extra no-grad forward of the
 frozen backbone on every training step. Three training steps are timed (forward + backward +
-clipping + AdamW, as ``raypeft.train.train`` takes them):
+clipping + AdamW, as ``raypeft.training.loop.train`` takes them):
 
 1. ``cached``: M-IDPG with ``M(x)`` read from the precomputed array.
 2. ``on the fly``: the same model, with ``M(x)`` computed by the extra forward pass inside the
@@ -41,9 +41,9 @@ def build(args):
     import numpy as np
     import torch
 
-    from raypeft.config import validate_experiment
+    from raypeft.config.schema import validate_experiment
     from raypeft.data import prepare_task
-    from raypeft.train import build_model, build_optimizer, ensure_features, split_dataset
+    from raypeft.training.loop import build_model, build_optimizer, ensure_features, split_dataset
 
     base = {
         "name": "idpg-cache-bench",
@@ -109,7 +109,7 @@ def encode_on_the_fly(model_json: str, batch):
     """
     import torch
 
-    from raypeft.methods.sentence_encoders import _frozen_encoder, pool
+    from raypeft.methods.idpg.sentence_encoders import _frozen_encoder, pool
 
     encoder, _, _ = _frozen_encoder(model_json)
     keys = ("input_ids", "attention_mask", "token_type_ids")

@@ -6,7 +6,7 @@ The full DePT grid of the paper (α1 ∈ {0.3, 0.4, 0.5} × α2 ∈ {1e-4, 5e-4,
 {20, 40, 60, 80}, r derived from the budget of PT with l=100: 48 configurations) is run to the
 end by raypeft's own search (``sampler: grid``, ``scheduler: none``). The same space is then
 searched by TPE with ASHA stopping trials early, for ``--tpe-trials`` trials, once per
-``--tpe-seeds`` sampler seed. Both go through ``raypeft.tune.run_experiment``: real Ray Tune,
+``--tpe-seeds`` sampler seed. Both go through ``raypeft.search.run.run_experiment``: real Ray Tune,
 real Optuna (persisted study), real MLflow (a temporary sqlite store per search).
 
 For each search it prints, side by side: the compute spent in trial-steps (training steps
@@ -72,8 +72,8 @@ def experiment(args, name: str, store: Path, **search) -> dict:
 def run_search(args, label: str, **search) -> dict:
     from mlflow.tracking import MlflowClient
 
-    from raypeft.config import validate_experiment
-    from raypeft.tune import run_experiment
+    from raypeft.config.schema import validate_experiment
+    from raypeft.search.run import run_experiment
 
     store = Path(tempfile.mkdtemp(prefix=f"search-efficiency-{label}-"))
     cfg = validate_experiment(experiment(args, f"efficiency-{label}", store, **search), label)

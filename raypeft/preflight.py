@@ -13,8 +13,9 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from raypeft.config import ConfigError, ExperimentConfig, ModelConfig
-from raypeft.redact import redact_uri
+from raypeft.config.redact import redact_uri
+from raypeft.config.schema import ExperimentConfig, ModelConfig
+from raypeft.errors import ConfigError
 
 _ALIASES_HINT = "minilm, tiny-bert, tiny-t5, tiny-gpt2, tiny-llama"
 
@@ -27,7 +28,7 @@ def check_model_name(model: ModelConfig) -> None:
     """``model.name`` is an alias, a local model folder, or a Hugging Face id that can be
     loaded: with ``HF_HUB_OFFLINE`` set it must be in the local cache. Raises ConfigError
     before ``from_pretrained`` would try (and, offline or without a network, wait on) the Hub."""
-    from raypeft.backbones import TINY_CONFIGS
+    from raypeft.modeling.backbones import TINY_CONFIGS
 
     name = model.name
     if name in TINY_CONFIGS or name == "minilm":

@@ -32,7 +32,7 @@ def _one_torch_thread():
 @pytest.fixture
 def tiny_model_cfg():
     """``ModelConfig`` of the randomly initialised 2-layer BERT (d=32) at s=16."""
-    from raypeft.config import ModelConfig
+    from raypeft.config.schema import ModelConfig
 
     return ModelConfig(name="tiny-bert", max_length=TINY_MAX_LENGTH)
 
@@ -40,7 +40,7 @@ def tiny_model_cfg():
 @pytest.fixture
 def tiny_backbone(tiny_model_cfg):
     """Factory: a fresh frozen tiny-bert backbone; the same ``seed`` gives the same weights."""
-    from raypeft.backbones import load_backbone
+    from raypeft.modeling.backbones import load_backbone
 
     def make(num_labels: int = 2, problem: str = "classification", seed: int = 0):
         return load_backbone(tiny_model_cfg, num_labels=num_labels, problem=problem, seed=seed)

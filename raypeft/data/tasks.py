@@ -23,7 +23,8 @@ from typing import Literal
 import datasets
 import numpy as np
 
-from raypeft.config import ConfigError, TaskConfig
+from raypeft.config.schema import TaskConfig
+from raypeft.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from raypeft.backbones import backbone_kind, load_config, load_tokenizer
-from raypeft.config import ModelConfig, TaskConfig
+from raypeft.config.schema import ModelConfig, TaskConfig
 from raypeft.data.tasks import TaskSpec, infer_labels, load_splits, resolve_task_spec
+from raypeft.modeling.backbones import backbone_kind, load_config, load_tokenizer
 
 SPLITS = ("train", "validation", "test")
 

@@ -79,7 +79,7 @@ class MethodConfig(BaseModel):
         raise NotImplementedError
 
     def num_params(self, dims: BackboneDims) -> int:
-        """Closed-form trainable-parameter count (see :mod:`raypeft.budget`)."""
+        """Closed-form trainable-parameter count (see :mod:`raypeft.methods.counts`)."""
         raise NotImplementedError
 
     def derived(self) -> dict[str, Any]:

@@ -21,7 +21,6 @@ from pydantic import Field
 from torch import nn
 from transformers import DynamicCache
 
-from raypeft.budget import deep_prompt_params
 from raypeft.methods.base import (
     BackboneDims,
     BudgetOption,
@@ -31,6 +30,7 @@ from raypeft.methods.base import (
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.counts import deep_prompt_params
 
 
 class DeepPromptConfig(MethodConfig):

@@ -14,7 +14,6 @@ import torch
 from pydantic import Field, model_validator
 from torch import nn
 
-from raypeft.budget import dept_params, dept_rank_for_params, prompt_tuning_params
 from raypeft.methods.base import (
     BackboneDims,
     BudgetOption,
@@ -24,6 +23,7 @@ from raypeft.methods.base import (
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.counts import dept_params, dept_rank_for_params, prompt_tuning_params
 
 
 class DePTConfig(MethodConfig):

@@ -7,7 +7,6 @@ from typing import Any, Literal
 from pydantic import Field
 from torch import nn
 
-from raypeft.budget import prompt_tuning_params
 from raypeft.methods.base import (
     BackboneDims,
     BudgetOption,
@@ -17,6 +16,7 @@ from raypeft.methods.base import (
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.counts import prompt_tuning_params
 
 
 class PromptTuningConfig(MethodConfig):

@@ -1,12 +1,13 @@
 """``raypeft report``: figures, a per-trial table and a summary of one finished search.
 
 Everything is read back from MLflow (the parent run of a search and its nested trial runs,
-see :mod:`raypeft.tracking`), never from Ray's result folders. Each figure is written twice:
+see :mod:`raypeft.tracking.callback`), never from Ray's result folders. Each figure is written
+twice:
 a static PNG (matplotlib, Agg canvas) and an interactive HTML page (plotly). A figure the data
 cannot support (no DePT trials, a single trial, ...) is skipped with a one-line reason instead
 of being drawn empty; a report never fails because of one figure.
 
-The pipeline, one module a step (the command, :mod:`raypeft.commands.report`, runs it):
+The pipeline, one module a step (the command, :mod:`raypeft.cli.report`, runs it):
 
 - :mod:`~raypeft.reporting.load`: :func:`load_search` reads the search into plain data
   (:class:`Search` with one :class:`TrialRecord` per trial; metric histories on demand).

@@ -1,7 +1,7 @@
 """Reading a search back from MLflow into plain data.
 
 A search is a parent run (``raypeft.role = experiment``) and its nested trial runs (see
-:mod:`raypeft.tracking`). :func:`load_search` turns them into a :class:`Search` holding one
+:mod:`raypeft.tracking.callback`). :func:`load_search` turns them into a :class:`Search` holding one
 :class:`TrialRecord` per trial (tags, params as MLflow's strings, latest metric values and the
 score the search ranked trials by), plus what the search optimised: metric, mode, searched
 space and, for a multi-objective search, its objectives. A trial's metric history is read only
@@ -19,8 +19,9 @@ from typing import Any
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from raypeft.config import SPACE_KINDS, ConfigError
-from raypeft.runs import (
+from raypeft.config.schema import SPACE_KINDS
+from raypeft.errors import ConfigError
+from raypeft.tracking.runs import (
     ROLE_TAG,
     TRIAL_ID_TAG,
     check_store,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from raypeft.config import ConfigError
+from raypeft.errors import ConfigError
 from raypeft.reporting.drawing import Skip
 from raypeft.reporting.figures import FIGURES
 from raypeft.reporting.load import Search

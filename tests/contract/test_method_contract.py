@@ -19,9 +19,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from raypeft.config import ExperimentConfig, ModelConfig, TaskConfig, TrainConfig
+from raypeft.config.schema import ExperimentConfig, ModelConfig, TaskConfig, TrainConfig
 from raypeft.methods import METHODS
-from raypeft.train import build_model, build_optimizer, ensure_features, split_dataset
+from raypeft.training.loop import build_model, build_optimizer, ensure_features, split_dataset
 
 BACKBONES = ["tiny-bert", "tiny-t5", "tiny-gpt2", "tiny-llama"]
 MAX_LENGTH = 16
@@ -57,8 +57,8 @@ _TASKS: dict = {}
 
 def make_case(name: str, variant: str, backbone: str, task_files):
     """(cfg, task, model, batch) for one case; skips where the method does not apply."""
-    from raypeft.backbones import backbone_dims, load_config
     from raypeft.data import prepare_task
+    from raypeft.modeling.backbones import backbone_dims, load_config
 
     method = METHODS[name].config_cls.examples()[variant]
     cfg = ExperimentConfig(

@@ -1,7 +1,7 @@
 """``workers_per_trial: 2``: one trial trained with DDP across two Ray Train workers (gloo on
 CPU) learns what one worker learns at the same global batch size.
 
-Both runs see the same global batches (raypeft.train.GlobalBatchSampler: each worker takes
+Both runs see the same global batches (raypeft.training.loop.GlobalBatchSampler: each worker takes
 half of every batch) and DDP averages the two halves' gradients, which is the gradient of the
 whole batch; so the metrics agree up to floating-point summation order, step by step.
 """

@@ -34,7 +34,7 @@ def parent_run(client: MlflowClient, experiment: str):
 @pytest.fixture(scope="module")
 def best_model(finished_search, tmp_path_factory):
     """The search's best trial: its run id, downloaded folder, config and test split."""
-    from raypeft.config import ExperimentConfig
+    from raypeft.config.schema import ExperimentConfig
     from raypeft.data.tokenize import prepare_task
 
     client = finished_search.client()
@@ -48,7 +48,7 @@ def best_model(finished_search, tmp_path_factory):
 
 
 def test_predict_experiment_matches_the_logged_test_accuracy(finished_search, best_model, tmp_path):
-    from raypeft.inference import Predictor
+    from raypeft.serving.predict import Predictor
 
     task = best_model["task"]
     texts, labels = task.texts["test"], task.splits["test"]["labels"]
@@ -81,7 +81,7 @@ def test_predict_experiment_matches_the_logged_test_accuracy(finished_search, be
 
 
 def test_predict_experiment_on_stdin(finished_search, best_model, tmp_path):
-    from raypeft.inference import Predictor
+    from raypeft.serving.predict import Predictor
 
     texts = [t for t in best_model["task"].texts["test"] if t.splitlines() == [t]][:20]
     proc = run_with_stdin(
@@ -166,8 +166,8 @@ def test_export_pt_search_loads_in_peft(tmp_path):
     from peft import PeftModel
     from safetensors.torch import load_file
 
-    from raypeft.backbones import load_backbone
-    from raypeft.inference import Predictor
+    from raypeft.modeling.backbones import load_backbone
+    from raypeft.serving.predict import Predictor
 
     proc = run_cli(["tune", "--space", str(pt_experiment(tmp_path)), "--quiet"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -13,7 +13,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from test_tune_cli import children, run_cli  # the CLI helpers beside this file
 
-from raypeft.config import load_experiment
+from raypeft.config.schema import load_experiment
 
 pytestmark = pytest.mark.integration
 

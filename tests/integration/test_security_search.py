@@ -23,7 +23,7 @@ from mlflow.tracking import MlflowClient
 from safetensors import safe_open
 from test_tune_cli import run_cli, tiny_experiment
 
-from raypeft.redact import redact_uri
+from raypeft.config.redact import redact_uri
 
 pytestmark = pytest.mark.integration
 

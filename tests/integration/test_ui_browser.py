@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from test_tune_cli import RAYPEFT
 
-from raypeft.runs import parent_runs, trial_runs
+from raypeft.tracking.runs import parent_runs, trial_runs
 
 pytestmark = pytest.mark.integration
 

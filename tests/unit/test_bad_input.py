@@ -26,7 +26,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from raypeft.cli import main
+from raypeft.cli.main import main
 
 RAYPEFT = Path(sys.executable).parent / "raypeft"
 CPUS = os.cpu_count() or 1
@@ -756,7 +756,7 @@ def test_validate_checks_resources_only_for_a_local_tune(tmp_path, monkeypatch, 
 
 
 def _cfg(**resources):
-    from raypeft.config import ExperimentConfig
+    from raypeft.config.schema import ExperimentConfig
 
     return ExperimentConfig.model_validate(exp(resources=resources, train__batch_size=12))
 
@@ -785,8 +785,8 @@ def _cfg(**resources):
     ],
 )
 def test_check_fits_rejects(resources, nodes, expect):
-    from raypeft.config import ConfigError
-    from raypeft.resources import check_fits
+    from raypeft.errors import ConfigError
+    from raypeft.search.resources import check_fits
 
     with pytest.raises(ConfigError) as info:
         check_fits(_cfg(**resources), nodes, where="the cluster")
@@ -803,13 +803,13 @@ def test_check_fits_rejects(resources, nodes, expect):
     ],
 )
 def test_check_fits_accepts(resources, nodes):
-    from raypeft.resources import check_fits
+    from raypeft.search.resources import check_fits
 
     check_fits(_cfg(**resources), nodes)
 
 
 def test_local_nodes_describe_this_machine():
-    from raypeft.resources import local_nodes
+    from raypeft.search.resources import local_nodes
 
     (node,) = local_nodes()
     assert node["CPU"] == CPUS and node["GPU"] >= 0
@@ -877,7 +877,7 @@ def test_cluster_nodes_count_what_the_autoscaler_can_launch(tmp_path, monkeypatc
     (~/ray_bootstrap_config.yaml) count as nodes the cluster can provide."""
     import ray
 
-    from raypeft.resources import check_fits, cluster_nodes
+    from raypeft.search.resources import check_fits, cluster_nodes
 
     head = {"NodeID": "h", "Alive": True, "Resources": {"CPU": 0.0, "memory": 1e9}}
     gone = {"NodeID": "x", "Alive": False, "Resources": {"CPU": 64.0, "GPU": 8.0}}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from raypeft.budget import dept_params, dept_rank_for_budget, prompt_tuning_params
 from raypeft.methods import BackboneDims
+from raypeft.methods.counts import dept_params, dept_rank_for_budget, prompt_tuning_params
 from raypeft.methods.dept import DePTConfig
 
 D, S, L = 768, 256, 100  # T5-base hidden size, max length, PT prompt length

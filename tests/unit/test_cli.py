@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from raypeft.cli import main
+from raypeft.cli.main import main
 
 REPO = Path(__file__).resolve().parents[2]
 

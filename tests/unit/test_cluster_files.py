@@ -25,7 +25,7 @@ import ray
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from raypeft.config import RunConfig, load_experiment
+from raypeft.config.schema import RunConfig, load_experiment
 
 REPO = Path(__file__).resolve().parents[2]
 AWS = REPO / "cluster" / "aws.yaml"
@@ -374,7 +374,7 @@ def _clis() -> dict[str, click.Command]:
     from mlflow.cli import cli as mlflow_cli
     from ray.scripts.scripts import cli as ray_cli
 
-    from raypeft.cli import main as raypeft_cli
+    from raypeft.cli.main import main as raypeft_cli
 
     return {"ray": ray_cli, "raypeft": raypeft_cli, "mlflow": mlflow_cli}
 

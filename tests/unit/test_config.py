@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raypeft.config import (
+from raypeft.config.schema import (
     ChoiceParam,
-    ConfigError,
     ExperimentConfig,
     GridParam,
     IntParam,
@@ -19,6 +18,7 @@ from raypeft.config import (
     apply_trial_params,
     load_experiment,
 )
+from raypeft.errors import ConfigError
 from raypeft.methods.dept import DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
 
@@ -162,7 +162,7 @@ def test_dept_rank_and_budget_both_set(tmp_path, tiny_model_cfg):
     # Both knobs may be written (a saved checkpoint records the derived rank next to its
     # budget), so the file alone cannot tell; a rank that contradicts the budget is rejected
     # once the backbone's d and s are known (the CLI resolves every trial before Ray starts).
-    from raypeft.backbones import backbone_dims, load_config
+    from raypeft.modeling.backbones import backbone_dims, load_config
 
     dims = backbone_dims(load_config(tiny_model_cfg, 2, "classification"), 16)
     method = {"name": "dept", "prompt_length": 4, "rank": 3, "budget_prompt_length": 10}
@@ -426,7 +426,7 @@ def _shipped_yaml_files() -> list[Path]:
 
 def _trial_variants(cfg: ExperimentConfig) -> list[dict]:
     """Every grid point, and each non-grid candidate (choices, range ends) on the first point."""
-    from raypeft.config import _candidate_values
+    from raypeft.config.schema import _candidate_values
 
     points = cfg.grid_points() or [{}]  # a space without grid keys: the file's own values
     variants = list(points)
@@ -440,7 +440,7 @@ _DIMS: dict = {}
 
 
 def _dims(model):
-    from raypeft.backbones import backbone_dims, load_config
+    from raypeft.modeling.backbones import backbone_dims, load_config
 
     key = (model.name, model.revision, model.max_length)
     if key not in _DIMS:

@@ -8,23 +8,24 @@ import numpy as np
 import pytest
 import torch
 
-from raypeft.budget import idpg_params
-from raypeft.config import ConfigError, ExperimentConfig, ModelConfig
+from raypeft.config.schema import ExperimentConfig, ModelConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
+from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims, build_method
-from raypeft.methods.idpg import IDPG, IDPGConfig
-from raypeft.methods.phm import PHMLinear, init_phm_a
-from raypeft.methods.prompt_tuning import PromptTuningConfig
-from raypeft.methods.sentence_encoders import (
+from raypeft.methods.counts import idpg_params
+from raypeft.methods.idpg.method import IDPG, IDPGConfig
+from raypeft.methods.idpg.phm import PHMLinear, init_phm_a
+from raypeft.methods.idpg.sentence_encoders import (
     BackboneEncoding,
     GloveEncoding,
     glove_width,
     load_glove,
     pool,
 )
-from raypeft.model import PromptedModel
-from raypeft.train import build_optimizer
+from raypeft.methods.prompt_tuning import PromptTuningConfig
+from raypeft.modeling.prompted import PromptedModel
+from raypeft.training.loop import build_optimizer
 
 # tiny-bert: d=32, N=2. PHM n=4 divides d, m=8 and t·d=96.
 SMALL = {"prompt_length": 3, "generator_hidden": 8, "phm_n": 4}
@@ -457,9 +458,9 @@ def _split(n: int, seed: int) -> tuple[dict[str, np.ndarray], list[str]]:
 
 
 def test_driver_precomputes_features_once_and_training_reuses_them(tmp_path, monkeypatch):
-    import raypeft.methods.sentence_encoders as encoders
-    from raypeft.train import train
-    from raypeft.tune import precompute_features
+    import raypeft.methods.idpg.sentence_encoders as encoders
+    from raypeft.search.run import precompute_features
+    from raypeft.training.loop import train
 
     glove = tmp_path / "glove.txt"
     glove.write_text("good 1 0 0 0\nbad 0 1 0 0\nfilm 0 0 1 0\n")

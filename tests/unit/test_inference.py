@@ -1,7 +1,8 @@
-"""Inference from saved artefacts (raypeft.inference), the peft export (raypeft.export) and
-the ``predict`` / ``export`` commands on a synthetic MLflow store (no Ray).
+"""Inference from saved artefacts (raypeft.serving.predict), the peft export
+(raypeft.serving.export) and the ``predict`` / ``export`` commands on a synthetic MLflow
+store (no Ray).
 
-Models are trained for a few steps with ``raypeft.train.train`` on tiny random backbones and
+Models are trained for a few steps with ``raypeft.training.loop.train`` on tiny random backbones and
 the packaged tweets; inference must give what ``PromptedModel.predict`` gives on the same
 examples through the training path (tokenised task arrays, precomputed features).
 """
@@ -20,11 +21,12 @@ from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 from torch.utils.data import DataLoader
 
-from raypeft.cli import main
-from raypeft.config import ConfigError, ExperimentConfig
+from raypeft.cli.main import main
+from raypeft.config.schema import ExperimentConfig
 from raypeft.data.tokenize import prepare_task
-from raypeft.inference import UNMATCHED, Predictor, load_trained, tokenize_inputs
-from raypeft.train import TASK_FILE, load_checkpoint, split_dataset, train
+from raypeft.errors import ConfigError
+from raypeft.serving.predict import UNMATCHED, Predictor, load_trained, tokenize_inputs
+from raypeft.training.loop import TASK_FILE, load_checkpoint, split_dataset, train
 
 S = 16
 PT = {"name": "pt", "prompt_length": 4, "lr": 0.05}
@@ -241,7 +243,7 @@ def peft_logits(out: Path, cfg, meta, batch) -> torch.Tensor:
     """Logits of the exported adapter, loaded by peft onto a fresh base model."""
     from peft import PeftModel
 
-    from raypeft.backbones import load_backbone
+    from raypeft.modeling.backbones import load_backbone
 
     base = load_backbone(cfg.model, meta["num_labels"], meta["problem"], seed=cfg.train.seed)
     model = PeftModel.from_pretrained(base.model, str(out)).eval()
@@ -252,7 +254,7 @@ def peft_logits(out: Path, cfg, meta, batch) -> torch.Tensor:
 def test_export_pt_round_trip_through_peft(trained, tmp_path):
     from safetensors.torch import load_file
 
-    from raypeft.export import export_peft
+    from raypeft.serving.export import export_peft
 
     cfg, _, folder = trained("tiny-bert", PT)
     out = tmp_path / "adapter"
@@ -299,7 +301,7 @@ def test_export_pt_round_trip_through_peft(trained, tmp_path):
     ids=["gpt2-pt", "t5-pt", "gpt2-prefix-kv", "bert-prefix-kv"],
 )
 def test_export_other_backbones_and_prefix(trained, tmp_path, model, method, peft_type, task_type):
-    from raypeft.export import export_peft
+    from raypeft.serving.export import export_peft
 
     _, _, folder = trained(model, method)
     result = export_peft(folder, tmp_path / "adapter")
@@ -325,7 +327,7 @@ def test_export_other_backbones_and_prefix(trained, tmp_path, model, method, pef
     ids=["dept", "idpg", "prefix-hidden"],
 )
 def test_export_refuses_methods_without_peft_equivalent(trained, tmp_path, method, message):
-    from raypeft.export import export_peft
+    from raypeft.serving.export import export_peft
 
     _, _, folder = trained("tiny-bert", method)
     with pytest.raises(ConfigError, match=message):
@@ -334,7 +336,7 @@ def test_export_refuses_methods_without_peft_equivalent(trained, tmp_path, metho
 
 
 def test_export_out_folder_rules_and_failure_cleanup(trained, tmp_path, monkeypatch):
-    import raypeft.export as export_mod
+    import raypeft.serving.export as export_mod
 
     _, _, folder = trained("tiny-bert", PT)
     out = tmp_path / "adapter"
@@ -365,7 +367,7 @@ def test_export_out_folder_rules_and_failure_cleanup(trained, tmp_path, monkeypa
 
 
 def test_missing_peft_is_a_one_line_error(monkeypatch):
-    from raypeft.export import require_peft
+    from raypeft.serving.export import require_peft
 
     monkeypatch.setitem(sys.modules, "peft", None)  # import peft -> ImportError
     with pytest.raises(ConfigError, match=r"pip install 'raypeft\[peft\]'"):

@@ -8,21 +8,22 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from raypeft.budget import (
+from raypeft.config.schema import ModelConfig
+from raypeft.errors import ConfigError
+from raypeft.methods import BackboneDims
+from raypeft.methods.counts import (
     ipt_deep_params,
     lstm_encoder_params,
     mlp_encoder_params,
     textcnn_encoder_params,
 )
-from raypeft.config import ConfigError, ModelConfig
-from raypeft.data.corpora import load_corpus
-from raypeft.methods import BackboneDims
-from raypeft.methods import ipt_pretrain as pretrain_module
-from raypeft.methods.ipt import IPTConfig, first_real_tokens, read_count
-from raypeft.methods.text_encoders import EncoderSpec
-from raypeft.model import PromptedModel
-from raypeft.model import head_loss as loss_fn
-from raypeft.train import build_optimizer
+from raypeft.methods.ipt import pretrain as pretrain_module
+from raypeft.methods.ipt.corpora import load_corpus
+from raypeft.methods.ipt.method import IPTConfig, first_real_tokens, read_count
+from raypeft.methods.ipt.text_encoders import EncoderSpec
+from raypeft.modeling.prompted import PromptedModel
+from raypeft.modeling.prompted import head_loss as loss_fn
+from raypeft.training.loop import build_optimizer
 
 V, D, N, S = 30522, 32, 2, 16  # tiny-bert: MiniLM's vocabulary, d=32, 2 layers, s=16
 
@@ -173,7 +174,7 @@ def test_read_count_is_ceil_of_rho_n():
 
 
 def _gpt2_backbone():
-    from raypeft.backbones import load_backbone
+    from raypeft.modeling.backbones import load_backbone
 
     return load_backbone(ModelConfig(name="tiny-gpt2", max_length=S), 2, "classification")
 
@@ -388,7 +389,7 @@ def test_utilisation_rate_sets_how_many_tokens_are_read(
 
 
 def _experiment(method_cfg, head_lr: float = 0.01):
-    from raypeft.config import ExperimentConfig, TrainConfig
+    from raypeft.config.schema import ExperimentConfig, TrainConfig
 
     return ExperimentConfig(
         name="unit",
@@ -403,7 +404,7 @@ def test_deep_placement_installs_layer_prompts_and_trains(tiny_backbone, tiny_ba
     model = PromptedModel(tiny_backbone(), cfg)
     method = model.method
     assert method.uses_layer_prompts
-    from raypeft.backbones import transformer_layers
+    from raypeft.modeling.backbones import transformer_layers
 
     layers = transformer_layers(model.backbone)
     assert not layers[0]._forward_pre_hooks and len(layers[1]._forward_pre_hooks) == 1

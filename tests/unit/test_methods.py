@@ -7,13 +7,13 @@ import copy
 import pytest
 import torch
 
-from raypeft.config import ExperimentConfig, ModelConfig, TrainConfig
+from raypeft.config.schema import ExperimentConfig, ModelConfig, TrainConfig
 from raypeft.methods import BackboneDims, build_method
 from raypeft.methods.dept import DePT, DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuning, PromptTuningConfig
-from raypeft.model import TRAINABLE_FILE, PromptedModel
-from raypeft.model import head_loss as loss_fn
-from raypeft.train import build_optimizer
+from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
+from raypeft.modeling.prompted import head_loss as loss_fn
+from raypeft.training.loop import build_optimizer
 
 NUM_LABELS = 2
 HEAD_SIZE = 32 * NUM_LABELS + NUM_LABELS  # tiny-bert classifier: d·k + k

@@ -12,12 +12,12 @@ import pytest
 import torch
 from transformers import RobertaConfig, T5Config
 
-from raypeft.backbones import backbone_dims
 from raypeft.methods import build_method
 from raypeft.methods.deep_prompts import DeepPromptConfig
 from raypeft.methods.dept import DePTConfig
-from raypeft.methods.idpg import IDPGConfig
+from raypeft.methods.idpg.method import IDPGConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
+from raypeft.modeling.backbones import backbone_dims
 
 ROBERTA_LARGE = backbone_dims(
     RobertaConfig(

@@ -5,11 +5,11 @@ from __future__ import annotations
 import optuna
 from ray.tune.search import Searcher
 
-from raypeft.config import validate_experiment
+from raypeft.config.schema import validate_experiment
 from raypeft.methods import BackboneDims
-from raypeft.progress import ProgressPrinter
-from raypeft.repeats import FixedConfigs, group_repeats, repeat_configs, top_trials
-from raypeft.space import DefineByRun, trial_config
+from raypeft.search.progress import ProgressPrinter
+from raypeft.search.repeats import FixedConfigs, group_repeats, repeat_configs, top_trials
+from raypeft.search.space import DefineByRun, trial_config
 
 BASE = {
     "name": "s",

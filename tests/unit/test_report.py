@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from raypeft.cli import main
+from raypeft.cli.main import main
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 FIGURES = ("lr_heatmap", "budget_m_r", "params_pareto", "learning_curves", "importances")

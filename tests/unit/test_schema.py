@@ -9,8 +9,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from raypeft.cli import main
-from raypeft.config import experiment_json_schema
+from raypeft.cli.main import main
+from raypeft.config.schema import experiment_json_schema
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = REPO / "schema" / "experiment.schema.json"

@@ -12,8 +12,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from raypeft.config import Bound, ConfigError, validate_experiment
-from raypeft.searcher import (
+from raypeft.config.schema import Bound, validate_experiment
+from raypeft.errors import ConfigError
+from raypeft.search.searcher import (
     METRICS_ATTR,
     Constraints,
     PruningAwareSearch,

@@ -4,7 +4,7 @@
   ``weights_only=True``, no pickle/cloudpickle/joblib, no ``torch.save``, ``yaml`` only with a
   safe loader, no ``np.load(allow_pickle=True)``), no ``eval``/``exec``, no ``shell=True``,
   no ``trust_remote_code``.
-- Secrets: :mod:`raypeft.redact` hides credentials in URLs and secret-named keys, and leaves
+- Secrets: :mod:`raypeft.config.redact` hides credentials in URLs and secret-named keys, and leaves
   every ordinary value (all of raypeft's own search spaces) as it was.
 - Servers: ``raypeft ui`` listens on 127.0.0.1 by default, and the local Ray that
   ``raypeft tune`` starts (``init_ray(None)``) listens on loopback only: measured on the real
@@ -27,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from raypeft.redact import REDACTED, is_secret_key, redact_config, redact_params, redact_uri
+from raypeft.config.redact import REDACTED, is_secret_key, redact_config, redact_params, redact_uri
 
 ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("raypeft", "benchmarks", "scripts")
@@ -353,7 +353,7 @@ def test_redact_params_hides_secret_keys_and_uri_values():
 
 
 def test_redact_config_is_recursive_and_keeps_the_config_valid():
-    from raypeft.config import ExperimentConfig, load_experiment
+    from raypeft.config.schema import ExperimentConfig, load_experiment
 
     cfg = load_experiment(ROOT / "search_spaces" / "dept.yaml", [])
     data = cfg.model_dump(mode="json")
@@ -371,7 +371,7 @@ def test_redact_config_is_recursive_and_keeps_the_config_valid():
 @pytest.mark.parametrize("space", sorted(p.name for p in (ROOT / "search_spaces").glob("*.yaml")))
 def test_raypeft_search_spaces_are_not_redacted(space):
     """No false positives: every param and the config of the shipped search spaces as is."""
-    from raypeft.config import flatten, load_experiment
+    from raypeft.config.schema import flatten, load_experiment
 
     cfg = load_experiment(ROOT / "search_spaces" / space, [])
     params = flatten(cfg.model_dump(mode="json", exclude={"space"}))
@@ -420,7 +420,7 @@ def test_loopback_check():
 
 
 def test_ui_host_defaults_to_loopback():
-    from raypeft.commands.ui import command
+    from raypeft.cli.ui import command
 
     host = next(p for p in command.params if p.name == "host")
     assert host.default == "127.0.0.1"
@@ -473,7 +473,7 @@ _RAY_PROBE = textwrap.dedent(
     """
     import json, time
     import psutil, ray
-    from raypeft.ray_session import init_ray
+    from raypeft.search.ray_session import init_ray
 
     init_ray(None, quiet=True)
 

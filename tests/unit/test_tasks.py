@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raypeft.config import ConfigError, TaskConfig
+from raypeft.config.schema import TaskConfig
 from raypeft.data.tasks import TASKS, load_splits, resolve_task_spec
 from raypeft.data.tokenize import prepare_task
+from raypeft.errors import ConfigError
 
 S = 16
 

@@ -11,16 +11,14 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-import raypeft.train as train_mod
-from raypeft.config import ExperimentConfig, ModelConfig, SearchConfig, TrainConfig
+import raypeft.training.loop as train_mod
+from raypeft.config.schema import ExperimentConfig, ModelConfig, SearchConfig, TrainConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
 from raypeft.methods.dept import DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
-from raypeft.model import TRAINABLE_FILE
-from raypeft.result_keys import FAILURE_KEY, RESUMED_KEY
-from raypeft.resume import RESUME_DIR
-from raypeft.train import (
+from raypeft.modeling.prompted import TRAINABLE_FILE
+from raypeft.training.loop import (
     CONFIG_FILE,
     TASK_FILE,
     GlobalBatchSampler,
@@ -29,6 +27,8 @@ from raypeft.train import (
     split_dataset,
     train,
 )
+from raypeft.training.result_keys import FAILURE_KEY, RESUMED_KEY
+from raypeft.training.resume import RESUME_DIR
 
 S = 16
 
@@ -251,7 +251,7 @@ def test_huge_learning_rate_ends_the_trial_as_failed(task):
 
 
 def test_non_finite_loss_injected(task, monkeypatch):
-    import raypeft.model as model_mod
+    import raypeft.modeling.prompted as model_mod
 
     real_loss = model_mod.head_loss
     count = {"n": 0}

@@ -7,8 +7,8 @@ import socket
 import pytest
 from click.testing import CliRunner
 
-from raypeft.cli import main
-from raypeft.commands.ui import _client_host
+from raypeft.cli.main import main
+from raypeft.cli.ui import _client_host
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,264 @@
+"""``raypeft ui``: the MLflow web UI on a search's tracking store, opened on its runs.
+
+Starts ``mlflow server`` (one worker, no job runner: two processes, ready in ~10 s) in its own
+process group, waits until it answers ``/health``, prints the URL of the experiment's runs
+page as ``MLflow UI: <url>`` and serves until Ctrl-C or SIGTERM, then stops the server and
+every process it started.
+
+The trained artefacts of the runs are served too: runs logged to a local store keep absolute
+artefact paths (``<store folder>/mlruns/<experiment id>/<run id>/artifacts``), which the
+server reads directly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import click
+
+from raypeft.cli.options import TRACKING_URI
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+REMOTE_SCHEMES = ("http:", "https:", "databricks")
+
+
+class _Stop(Exception):
+    """SIGTERM or SIGHUP arrived."""
+
+
+def _fail(message: str) -> None:
+    from raypeft.cli.main import _fail as fail
+
+    fail(message)
+
+
+def _port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound (None if it can), checked as the server binds it."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host}: {exc.strerror}"
+    family, socktype, proto, _, address = infos[0]
+    with socket.socket(family, socktype, proto) as sock:
+        # as uvicorn does: a port that only has connections in TIME_WAIT is free
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return f"{host}:{port}: cannot listen there ({exc.strerror}); choose another --port"
+    return None
+
+
+def _client_host(host: str) -> str:
+    """The address a browser on this machine uses to reach a server bound to ``host``."""
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _last_line(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""
+
+
+def _wait_ready(proc: subprocess.Popen, base_url: str, timeout: float, log: Path) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        code = proc.poll()
+        if code is not None:
+            raise click.ClickException(
+                f"the MLflow server exited (code {code}) while starting: {_last_line(log)}"
+            )
+        try:
+            with urllib.request.urlopen(f"{base_url}/health", timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise click.ClickException(
+                f"the MLflow server did not answer {base_url}/health within {timeout:.0f} s"
+                + (f": {_last_line(log)}" if _last_line(log) else "")
+            )
+        time.sleep(0.25)
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM the server's process group, SIGKILL what is left after ``grace`` seconds."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+        # the leader is gone; its workers may linger for a moment
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+
+
+def _raise_stop(signum, frame) -> None:
+    raise _Stop()
+
+
+@click.command("ui")
+@click.argument("experiment", required=False)
+@TRACKING_URI
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="interface to listen on; the UI has no authentication, keep it local",
+)
+@click.option("--port", type=click.IntRange(1, 65535), default=5000, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="server worker processes",
+)
+@click.option(
+    "--start-timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="seconds to wait for the server to answer",
+)
+def command(
+    experiment: str | None,
+    tracking_uri: str | None,
+    host: str,
+    port: int,
+    workers: int,
+    start_timeout: float,
+) -> None:
+    """Browse a search in the MLflow web UI: its parent run, trials, metrics and artefacts.
+
+    Starts an MLflow server on the tracking store (on 127.0.0.1 only, by default), waits until
+    it answers, prints "MLflow UI: <url>" (the runs page of EXPERIMENT, a name or an id; the
+    UI's home page without one) and serves until Ctrl-C, then stops the server. The trials
+    are nested under their search's parent run: expand it in the runs table. Trained
+    artefacts are in each run's Artifacts tab.
+
+    The UI has no authentication: anyone who can reach the port can read and change the
+    runs, so any --host other than 127.0.0.1 is warned about.
+
+    \b
+    Example:
+      raypeft ui tiny-search --port 5001
+    """
+    from raypeft.cli.main import _quiet_libraries
+    from raypeft.errors import ConfigError
+    from raypeft.tracking.runs import check_store, find_experiment
+    from raypeft.tracking.runs import tracking_uri as resolve_uri
+
+    _quiet_libraries()
+    uri = resolve_uri(tracking_uri)
+    if uri.startswith(REMOTE_SCHEMES):
+        _fail(f"{uri}: already a tracking server; open it in a browser instead")
+    try:
+        check_store(uri)
+    except ConfigError as exc:
+        _fail(str(exc))
+    why = _port_in_use(host, port)
+    if why:
+        _fail(why)
+
+    experiment_id = None
+    if experiment is not None:
+        from mlflow.tracking import MlflowClient
+
+        try:
+            experiment_id = find_experiment(
+                MlflowClient(tracking_uri=uri), experiment
+            ).experiment_id
+        except ConfigError as exc:
+            _fail(str(exc))
+
+    if host not in LOCAL_HOSTS:
+        click.echo(
+            f"warning: listening on {host}: the MLflow UI has no authentication, anyone who "
+            "can reach this port can read and change the runs",
+            err=True,
+        )
+
+    command_line = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
+    if uri.startswith("sqlite:///"):
+        # experiments created from the UI keep their artefacts beside the store, as tune does
+        store_dir = Path(uri[len("sqlite:///") :]).resolve().parent
+        command_line += ["--default-artifact-root", str(store_dir / "mlruns")]
+    command_line += ["--host", host, "--port", str(port), "--workers", str(workers)]
+    env = dict(
+        os.environ,
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        MLFLOW_DISABLE_TELEMETRY="true",
+    )
+
+    base_url = f"http://{_client_host(host)}:{port}"
+    url = f"{base_url}/#/experiments/{experiment_id}/runs" if experiment_id else f"{base_url}/"
+    with tempfile.TemporaryDirectory(prefix="raypeft-ui-") as tmp:
+        log = Path(tmp) / "mlflow-server.log"
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        previous = {s: signal.getsignal(s) for s in handled}
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if previous[sig] != signal.SIG_IGN:  # e.g. nohup: keep serving on hang-up
+                signal.signal(sig, _raise_stop)
+        proc = None
+        error, exit_code = None, 0
+        try:
+            with log.open("wb") as out:
+                proc = subprocess.Popen(
+                    command_line,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    start_new_session=True,  # one group to stop; Ctrl-C reaches us only
+                )
+            try:
+                _wait_ready(proc, base_url, start_timeout, log)
+            except click.ClickException as exc:
+                error, exit_code = exc.format_message(), 2
+            else:
+                click.echo(f"MLflow UI: {url}")
+                click.echo(f"  store {uri}; press Ctrl-C to stop")
+                sys.stdout.flush()
+                code = proc.wait()
+                error, exit_code = f"the MLflow server stopped (code {code}): {_last_line(log)}", 1
+        except (KeyboardInterrupt, _Stop):
+            click.echo("stopping the MLflow server", err=True)
+        finally:
+            for sig in handled:  # a second Ctrl-C must not cut the clean-up short
+                signal.signal(sig, signal.SIG_IGN)
+            try:
+                if proc is not None:
+                    _stop(proc)
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+    if error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(exit_code)

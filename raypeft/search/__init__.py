@@ -1,0 +1,8 @@
+"""One search, from a validated experiment to its summary: Ray Tune driven by Optuna.
+
+``run`` composes the phases; ``space`` compiles the search space; ``searcher`` is the Optuna
+searcher and its study; ``trial_runners`` run one trial in-process or through Ray Train;
+``repeats`` re-trains the top configurations; ``interrupted`` finds a search to resume;
+``progress`` prints the live table; ``ray_session`` starts or joins Ray; ``resources`` says
+what a trial asks for and whether the cluster can give it.
+"""

@@ -1,0 +1,131 @@
+"""Live progress of a search on the terminal: a line per finished trial, a concise table.
+
+Tune's own table lists every reported key and all trials; on a long search that scrolls
+past. This callback prints one line when a trial finishes, is stopped or fails, and every
+``interval`` seconds a table of the running trials and the best ones so far, with the
+searched keys as columns. ``raypeft tune --quiet`` leaves it out.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ray.tune import Callback
+from ray.tune.experiment import Trial
+
+from raypeft.search.space import DERIVED_PREFIX
+from raypeft.training.result_keys import FAILURE_KEY
+
+
+def _short(key: str) -> str:
+    """``method.lr_prompt`` -> ``lr_prompt``; ``derived.rank`` -> ``rank``."""
+    return key.rsplit(".", 1)[-1]
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        if value != 0 and (abs(value) < 1e-3 or abs(value) >= 1e5):
+            return f"{value:.2e}"
+        return f"{value:.4g}"
+    return str(value)
+
+
+class ProgressPrinter(Callback):
+    """Concise trial table while a search runs (runs on the Tune driver)."""
+
+    def __init__(
+        self,
+        keys: list[str],
+        metric_key: str,
+        mode: str,
+        num_samples: int,
+        max_steps: int,
+        interval: float = 30.0,
+        show_rows: int = 8,
+        echo: Callable[[str], None] = print,
+    ):
+        self.keys = keys  # searched config keys, shown as columns
+        self.metric_key = metric_key
+        self.mode = mode
+        self.num_samples = num_samples
+        self.max_steps = max_steps
+        self.interval = interval
+        self.show_rows = show_rows
+        self.echo = echo
+        self._last = time.monotonic()
+        self._start = time.monotonic()
+        self._done = 0
+
+    # ------------------------------------------------------------------ Tune hooks
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
+        self._done += 1
+        result = trial.last_result or {}
+        step = result.get("step", 0)
+        best = result.get(self.metric_key)
+        how = "finished" if step >= self.max_steps else f"stopped early at step {step}"
+        if FAILURE_KEY in result:
+            self.echo(f"[{self._done}/{self.num_samples}] {trial} FAILED: {result[FAILURE_KEY]}")
+            return
+        score = f"{self.metric_key} {_fmt(best)}" if best is not None else "no result"
+        self.echo(f"[{self._done}/{self.num_samples}] {trial} {how}: {score}")
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info):
+        self._done += 1
+        self.echo(f"[{self._done}/{self.num_samples}] {trial} FAILED (see its MLflow run)")
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info):
+        if time.monotonic() - self._last >= self.interval:
+            self._last = time.monotonic()
+            self.echo(self.table(trials))
+
+    def on_experiment_end(self, trials: list[Trial], **info):
+        self.echo(self.table(trials))  # the final standings, best first
+
+    # ------------------------------------------------------------------ table
+
+    def _score(self, trial: Trial) -> float | None:
+        value = (trial.last_result or {}).get(self.metric_key)
+        return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    def table(self, trials: list[Trial]) -> str:
+        """Running trials first, then the best finished ones, at most ``show_rows``."""
+        counts: dict[str, int] = {}
+        for trial in trials:
+            counts[trial.status] = counts.get(trial.status, 0) + 1
+        sign = 1 if self.mode == "max" else -1
+        running = [t for t in trials if t.status == Trial.RUNNING]
+        scored = [t for t in trials if t.status != Trial.RUNNING and self._score(t) is not None]
+        scored.sort(key=lambda t: -sign * self._score(t))
+        rows = (running + scored)[: self.show_rows]
+        best = scored[0] if scored else None
+        elapsed = (time.monotonic() - self._start) / 60
+        status = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+        lines = [
+            f"--- {elapsed:.1f} min: {status} of {self.num_samples}"
+            + (f"; best {self.metric_key} {_fmt(self._score(best))} ({best})" if best else "")
+        ]
+        if not rows:
+            return lines[0]
+        derived = sorted({k for t in rows for k in t.config if k.startswith(DERIVED_PREFIX)})
+        keys = [*self.keys, *derived]  # searched keys, then derived ones (DePT's rank, ...)
+        header = ["trial", "status", *(_short(k) for k in keys), "step", self.metric_key]
+        body = []
+        for trial in rows:
+            result = trial.last_result or {}
+            body.append(
+                [
+                    str(trial),
+                    trial.status.lower(),
+                    *(_fmt(trial.config.get(k, "")) for k in keys),
+                    str(result.get("step", "")),
+                    _fmt(result[self.metric_key]) if self.metric_key in result else "",
+                ]
+            )
+        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
+        for row in [header, *body]:
+            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Starting or joining Ray for a search."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+
+import ray
+
+# Ray binds every server of a node (GCS, raylet, object manager, workers, agents, metrics)
+# to the node's IP address, and to loopback only when that address is loopback. ray.init()
+# turns _node_ip_address="127.0.0.1" into the machine's external address, so a local Ray is
+# given the loopback address as Ray does for single-machine Ray on macOS and Windows.
+_SINGLE_MACHINE_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_node():
+    """While a local Ray starts: its node address is 127.0.0.1, so it listens on loopback."""
+    from ray._private import ray_constants
+
+    before_env = os.environ.get(_SINGLE_MACHINE_RAY)
+    before_flag = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_SINGLE_MACHINE_RAY] = "0"  # the processes Ray starts
+    ray_constants.ENABLE_RAY_CLUSTER = False  # this one (read when ray was imported)
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before_flag
+        if before_env is None:
+            os.environ.pop(_SINGLE_MACHINE_RAY, None)
+        else:
+            os.environ[_SINGLE_MACHINE_RAY] = before_env
+
+
+def init_ray(address: str | None, quiet: bool = False) -> None:
+    """Connect to a cluster (``address``) or start a local Ray with this machine's CPUs."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # Tune's newer console output ignores verbose=0; raypeft prints its own progress table
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    # Trials checkpoint only when their metric improves, and with num_to_keep set Tune then
+    # snapshots the experiment each time: expected here, not worth a warning per trial.
+    os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
+    # A diverged trial's last result carries the failure, not the metric (raypeft.training.loop):
+    # every other result has it, and the schedulers and searcher skip results without it.
+    os.environ.setdefault("TUNE_DISABLE_STRICT_METRIC_CHECKING", "1")
+    if ray.is_initialized():
+        return
+    if quiet:  # --quiet: the summary only, no Ray/Tune chatter
+        logging.getLogger("ray").setLevel(logging.ERROR)
+    level = logging.ERROR if quiet else logging.WARNING
+    if address:
+        ray.init(address=address, log_to_driver=False, logging_level=level)
+    else:
+        with _loopback_node():  # one machine's Ray: nothing listens beyond loopback
+            ray.init(
+                # "local": always a fresh instance, never a cluster `ray start` left running
+                # here (ray.init() with no address would silently join it)
+                address="local",
+                num_cpus=os.cpu_count(),
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=level,
+            )

@@ -1,0 +1,343 @@
+"""Optuna behind Ray Tune: samplers, a persisted study, pruned trials, objectives, constraints.
+
+Ray's ``OptunaSearch`` tells Optuna that a trial the scheduler stopped early is COMPLETE, with
+the low-fidelity value it had reached, and keeps the study in memory. ``PruningAwareSearch``
+tells Optuna such a trial was PRUNED at the training step it reached (its intermediate values
+are reported by step), records each trial's metrics as user attributes (which constraint
+functions and optuna-dashboard read), and works on an RDB storage, by default ``optuna.db``
+next to the MLflow store, so a later search of the same study continues its history.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import TrialState
+from ray.tune.search.optuna import OptunaSearch
+
+from raypeft.config.redact import redact_uri
+from raypeft.config.schema import (
+    EFFICIENCY_METRICS,
+    Bound,
+    ExperimentConfig,
+    GridParam,
+    is_conditional,
+)
+from raypeft.data.metrics import METRIC_MODE
+from raypeft.errors import ConfigError
+from raypeft.training.result_keys import FAILURE_KEY
+
+logger = logging.getLogger(__name__)
+
+METRICS_ATTR = "raypeft.metrics"  # user attribute: the trial's last reported metrics
+TUNE_TRIAL_ATTR = "raypeft.tune_trial_id"
+PARENT_RUN_ATTR = "raypeft.parent_run_id"  # the MLflow search the trial belongs to
+
+
+@dataclass(frozen=True)
+class ResolvedObjective:
+    """An objective as Tune results carry it."""
+
+    name: str  # as written in the file: accuracy, train_samples_per_s, ...
+    mode: str  # max | min
+    result_key: str  # best_val_accuracy (a quality metric's best so far) or the efficiency key
+
+
+def result_key(name: str) -> str:
+    """Efficiency figures are reported under their own name; quality metrics as the best
+    validation value so far (what the kept checkpoint scored)."""
+    return name if name in EFFICIENCY_METRICS else f"best_val_{name}"
+
+
+def _check_name(name: str, task_metrics: tuple[str, ...], where: str) -> None:
+    known = (*task_metrics, "loss", *EFFICIENCY_METRICS)
+    if name not in known:
+        raise ConfigError(f"{where}: {name!r} is not reported for this task; choose one of {known}")
+
+
+def resolve_objectives(
+    cfg: ExperimentConfig, task_metrics: tuple[str, ...]
+) -> list[ResolvedObjective]:
+    """The search's objectives (first one primary), checked against the task's metrics."""
+    out = []
+    for i, objective in enumerate(cfg.search.objective_list(task_metrics[0])):
+        where = f"search.objectives[{i}].metric" if cfg.search.objectives else "search.metric"
+        _check_name(objective.metric, task_metrics, where)
+        default = EFFICIENCY_METRICS.get(objective.metric) or METRIC_MODE.get(
+            objective.metric, "max"
+        )
+        mode = objective.mode or (cfg.search.mode if not cfg.search.objectives else None) or default
+        out.append(ResolvedObjective(objective.metric, mode, result_key(objective.metric)))
+    return out
+
+
+def resolve_constraints(cfg: ExperimentConfig, task_metrics: tuple[str, ...]) -> Constraints:
+    """``search.constraints`` keyed by the Tune result key, names checked."""
+    for name in cfg.search.constraints:
+        _check_name(name, task_metrics, f"search.constraints.{name}")
+    return Constraints({result_key(k): v for k, v in cfg.search.constraints.items()})
+
+
+class Constraints:
+    """``search.constraints``: a value <= 0 per bound means satisfied (Optuna's convention)."""
+
+    def __init__(self, bounds: dict[str, Bound]):
+        self.bounds = bounds
+
+    def named_values(self, metrics: dict[str, Any]) -> dict[str, float]:
+        out = {}
+        for key, bound in self.bounds.items():
+            value = metrics.get(key)
+            if value is None or not math.isfinite(float(value)):
+                value = math.nan  # never reported: not shown to satisfy anything
+            if bound.max is not None:
+                out[f"{key}<={bound.max:g}"] = float(value) - bound.max
+            if bound.min is not None:
+                out[f"{key}>={bound.min:g}"] = bound.min - float(value)
+        return {k: (math.inf if math.isnan(v) else v) for k, v in out.items()}
+
+    def feasible(self, metrics: dict[str, Any]) -> bool:
+        return all(v <= 0 for v in self.named_values(metrics).values())
+
+    def __bool__(self) -> bool:
+        return bool(self.bounds)
+
+
+def build_sampler(cfg: ExperimentConfig) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler ``search.sampler`` names, seeded by ``search.seed``.
+
+    Constraints reach TPE and NSGA-II through each trial's ``set_constraint`` values
+    (Optuna 5), set by :class:`PruningAwareSearch`; the other samplers ignore them, but the
+    best trial still has to meet them.
+    """
+    seed = cfg.search.seed
+    name = cfg.search.sampler
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        grid = {
+            key: (p.grid if isinstance(p, GridParam) else p.choice) for key, p in cfg.space.items()
+        }
+        return _GridSampler(grid, seed=seed)
+    if name == "cmaes":
+        # CMA-ES models the numeric keys jointly; categorical ones are sampled by TPE
+        return optuna.samplers.CmaEsSampler(
+            seed=seed,
+            independent_sampler=optuna.samplers.TPESampler(seed=seed),
+            warn_independent_sampling=False,
+        )
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    conditional = any(is_conditional(k) for k in cfg.space)
+    # multivariate TPE with groups models keys that only some trials have (conditional knobs)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=conditional, group=conditional)
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, minus ``study.stop()`` once every point is visited: that call
+    only works inside ``study.optimize``, and here Tune's ``num_samples`` ends the search."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
+def default_storage(tracking_uri: str) -> str:
+    """``optuna.db`` beside a local sqlite MLflow store; else in the working directory."""
+    if tracking_uri.startswith("sqlite:///"):
+        folder = Path(tracking_uri[len("sqlite:///") :]).expanduser().resolve().parent
+        return f"sqlite:///{folder / 'optuna.db'}"
+    return f"sqlite:///{Path('optuna.db').resolve()}"
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    try:
+        return optuna.storages.RDBStorage(url)
+    except Exception as exc:  # bad URL, unreachable database, missing driver
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"search.storage: cannot open Optuna storage {redact_uri(url)!r}: {redact_uri(first)}"
+        ) from None
+
+
+def prepare_study(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    modes: list[str],
+    resuming: bool = False,
+) -> list[dict[str, Any]]:
+    """Get a persisted study ready to be continued; returns the params of its finished trials.
+
+    Trials left RUNNING or WAITING by a search that died are marked FAIL, so the sampler does
+    not hand them out again - unless that search is being resumed (``resuming``): its trials
+    continue. A study created for other objective directions is refused.
+    """
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return []  # a new study
+    wanted = [
+        optuna.study.StudyDirection.MAXIMIZE if m == "max" else optuna.study.StudyDirection.MINIMIZE
+        for m in modes
+    ]
+    if list(study.directions) != wanted:
+        have = [
+            "max" if d == optuna.study.StudyDirection.MAXIMIZE else "min" for d in study.directions
+        ]
+        raise ConfigError(
+            f"search.study_name: Optuna study {study_name!r} was created for directions {have}, "
+            f"this search optimises {modes}; set search.study_name to start a new study"
+        )
+    finished = []
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state in (TrialState.RUNNING, TrialState.WAITING) and not resuming:
+            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        elif trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            finished.append(dict(trial.params))
+    return finished
+
+
+def fail_orphans(storage: optuna.storages.BaseStorage, study_name: str, parent_run_id: str) -> int:
+    """After a resumed search: mark FAIL the trials of this search still RUNNING.
+
+    They were asked for by the searcher just before the driver died, after Tune's last
+    snapshot of the experiment, so no Tune trial will ever finish them. Returns how many.
+    """
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    orphans = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
+    ]
+    for trial in orphans:
+        storage.set_trial_user_attr(
+            trial._trial_id, "raypeft.error", "interrupted before Ray Tune recorded it"
+        )
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+    return len(orphans)
+
+
+def remaining_grid_points(
+    points: list[dict[str, Any]], finished: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Grid points no finished trial of the study has run yet (continuing a search)."""
+
+    def matches(point: dict[str, Any], params: dict[str, Any]) -> bool:
+        return all(k in params and params[k] == v for k, v in point.items())
+
+    return [p for p in points if not any(matches(p, done) for done in finished)]
+
+
+class PruningAwareSearch(OptunaSearch):
+    """``OptunaSearch`` that tells Optuna which trials the scheduler pruned, and at what step.
+
+    A trial whose last result has ``step < train.max_steps`` (and no error) was stopped by the
+    scheduler: Optuna records it as PRUNED, its intermediate values keyed by training step, so
+    TPE treats it as a pruned trial rather than a finished one with a low-fidelity score.
+    """
+
+    def __init__(
+        self,
+        *args,
+        max_steps: int,
+        objectives: list[ResolvedObjective],
+        constraints: Constraints,
+        parent_run_id: str,
+        **kwargs,
+    ):
+        super().__init__(*args, **kwargs)
+        self.max_steps = max_steps
+        self.objectives = objectives
+        self.constraints = constraints
+        self.parent_run_id = parent_run_id
+
+    def suggest(self, trial_id: str):
+        config = super().suggest(trial_id)
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is not None:  # cross-references for optuna-dashboard and MLflow
+            ot_trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
+            ot_trial.set_user_attr(PARENT_RUN_ATTR, self.parent_run_id)
+        return config
+
+    def on_trial_result(self, trial_id: str, result: dict) -> None:
+        if len(self.objectives) > 1 or trial_id in self._completed_trials:
+            return  # Optuna keeps no intermediate values for multi-objective studies
+        value = result.get(self.objectives[0].result_key)
+        if value is None or not math.isfinite(float(value)):
+            return
+        step = int(result.get("step", result.get("training_iteration", 0)))
+        if self._already_told(trial_id):
+            return
+        self._ot_trials[trial_id].report(float(value), step)
+
+    def _already_told(self, trial_id: str) -> bool:
+        """Whether the study already holds the trial's end: a search whose driver died after
+        telling Optuna, but before Tune's last snapshot, re-runs the trial's last steps."""
+        ot_trial = self._ot_trials[trial_id]
+        if ot_trial.storage.get_trial(ot_trial._trial_id).state.is_finished():
+            self._completed_trials.add(trial_id)
+            return True
+        return False
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
+        if trial_id in self._completed_trials or trial_id not in self._ot_trials:
+            return
+        if self._already_told(trial_id):
+            return
+        ot_trial = self._ot_trials[trial_id]
+        result = result or {}
+        metrics = {
+            k: float(v)
+            for k, v in result.items()
+            if isinstance(v, (int, float))
+            and (k.startswith("best_val_") or k in EFFICIENCY_METRICS)
+        }
+        metrics["step"] = int(result.get("step", 0))
+        ot_trial.set_user_attr(METRICS_ATTR, metrics)
+        for name, value in self.constraints.named_values(metrics).items():
+            ot_trial.set_constraint(name, value)  # what TPE/NSGA-II learn feasibility from
+        values = [result.get(o.result_key) for o in self.objectives]
+        if not error and len(values) == 1 and values[0] is not None:
+            # Tune hands the result that made the scheduler stop a trial (and a trial's last
+            # result) to on_trial_complete only: record it as the value at the step reached
+            step = metrics["step"]
+            if step not in ot_trial.storage.get_trial(ot_trial._trial_id).intermediate_values:
+                ot_trial.report(float(values[0]), step)
+        failure = result.get(FAILURE_KEY)  # the loss diverged (raypeft.training.loop)
+        if failure:
+            ot_trial.set_user_attr("raypeft.error", str(failure)[:1000])
+        if error or failure or any(v is None or not math.isfinite(float(v)) for v in values):
+            state, values = TrialState.FAIL, None
+        elif metrics["step"] < self.max_steps:
+            state, values = TrialState.PRUNED, None  # value: its last intermediate value
+            ot_trial.set_user_attr("raypeft.pruned_at_step", metrics["step"])
+        else:
+            state, values = TrialState.COMPLETE, [float(v) for v in values]
+        try:
+            self._ot_study.tell(
+                ot_trial, values if values is None or len(values) > 1 else values[0], state=state
+            )
+        except Exception as exc:  # the study must never take the search down
+            logger.warning("Optuna could not record trial %s: %s", trial_id, exc)
+        self._completed_trials.add(trial_id)
+
+
+def pareto_front(rows: list[dict[str, float]], objectives: list[ResolvedObjective]) -> list[int]:
+    """Indices of the rows no other row dominates (at least as good everywhere, better once)."""
+
+    def better_or_equal(a: dict, b: dict) -> bool:
+        return all(
+            (a[o.result_key] >= b[o.result_key])
+            if o.mode == "max"
+            else (a[o.result_key] <= b[o.result_key])
+            for o in objectives
+        )
+
+    def dominates(a: dict, b: dict) -> bool:
+        return better_or_equal(a, b) and any(a[o.result_key] != b[o.result_key] for o in objectives)
+
+    return [i for i, row in enumerate(rows) if not any(dominates(other, row) for other in rows)]

@@ -1,0 +1,1 @@
+"""MLflow: trial results become runs (``callback``), and runs are read back (``runs``)."""

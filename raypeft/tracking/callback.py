@@ -1,0 +1,339 @@
+"""MLflow tracking: one parent run per experiment, one nested child run per trial.
+
+All writes happen on the Tune driver (a Tune callback), so there is a single writer per
+store: sqlite files stay consistent, and trials need no MLflow credentials.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.tracking import MlflowClient
+from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from ray.tune import Callback
+from ray.tune.experiment import Trial
+
+from raypeft.config.redact import redact_config, redact_params, redact_uri
+from raypeft.config.schema import EFFICIENCY_METRICS, ExperimentConfig, flatten
+from raypeft.methods import BackboneDims
+from raypeft.search.repeats import REPEAT_OF
+from raypeft.search.space import trial_config
+from raypeft.tracking.runs import (
+    BEST_MODEL_ARTIFACTS,
+    MODEL_ARTIFACTS,
+    ROLE_TAG,
+    TRIAL_ID_TAG,
+)
+from raypeft.training.result_keys import FAILURE_KEY, RESUMED_KEY, WORKER_KEYS
+from raypeft.training.resume import RESUME_DIR
+
+_BATCH = 100  # MLflow accepts at most 100 params per log_batch call
+
+
+def open_experiment(client: MlflowClient, name: str) -> str:
+    """The id of the MLflow experiment called ``name`` (created if missing)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        if found.lifecycle_stage == "deleted":
+            client.restore_experiment(found.experiment_id)
+        return found.experiment_id
+    return client.create_experiment(name)
+
+
+def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
+    items = [Param(k, param_text(v)) for k, v in sorted(redact_params(params).items())]
+    for i in range(0, len(items), _BATCH):
+        client.log_batch(run_id, params=items[i : i + _BATCH])
+
+
+def param_text(value: Any) -> str:
+    """A value as MLflow stores it as a param (JSON for containers, cut at its limit)."""
+    text = json.dumps(value) if isinstance(value, (list, dict, tuple)) else str(value)
+    return text[:6000]  # MLflow's param value limit
+
+
+def start_parent_run(
+    client: MlflowClient, experiment_id: str, cfg: ExperimentConfig, source: str
+) -> str:
+    """Create the experiment's parent run with the whole experiment file as params."""
+    run = client.create_run(
+        experiment_id,
+        run_name=cfg.name,
+        tags={
+            ROLE_TAG: "experiment",
+            "raypeft.space_file": source,
+            "raypeft.method": cfg.method.name,
+        },
+    )
+    params = flatten(cfg.model_dump(mode="json", exclude={"space"}))
+    params.update({f"space.{k}": v.model_dump() for k, v in cfg.space.items()})
+    log_params(client, run.info.run_id, params)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "experiment.yaml"
+        path.write_text(yaml.safe_dump(redact_config(cfg.model_dump(mode="json")), sort_keys=False))
+        client.log_artifact(run.info.run_id, str(path))
+    return run.info.run_id
+
+
+def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
+    """The training metrics of a Tune result (Tune's own bookkeeping keys left out)."""
+    keep = ("val_", "best_val_", "train_", "test_")
+    return {
+        k: float(v)
+        for k, v in result.items()
+        if (k.startswith(keep) or k in EFFICIENCY_METRICS)
+        and isinstance(v, (int, float))
+        and math.isfinite(v)
+    }
+
+
+def log_model(client: MlflowClient, run_id: str, folder: Path, artifact_path: str) -> None:
+    """Log a checkpoint's model files (best tensors, config, task), not its resume state."""
+    for path in sorted(Path(folder).iterdir()):
+        if path.name == RESUME_DIR:
+            continue
+        if path.is_dir():
+            client.log_artifacts(run_id, str(path), artifact_path=f"{artifact_path}/{path.name}")
+        else:
+            client.log_artifact(run_id, str(path), artifact_path=artifact_path)
+
+
+def checkpoint_dir(tune_checkpoint, train_checkpoint_path: str | None) -> Path | None:
+    """Local folder of a trial's latest (= best) checkpoint, either runner.
+
+    In-process trials report Tune checkpoints; Ray Train trials report their checkpoint's
+    storage path as the ``checkpoint_path`` metric of the result that carried it.
+    """
+    from pyarrow.fs import LocalFileSystem
+    from ray.train import Checkpoint
+
+    checkpoint = tune_checkpoint
+    if checkpoint is None and train_checkpoint_path:
+        checkpoint = Checkpoint(train_checkpoint_path)
+    if checkpoint is None:
+        return None
+    if isinstance(checkpoint.filesystem, LocalFileSystem):
+        return Path(checkpoint.path)  # read in place: no copy
+    return Path(checkpoint.to_directory())  # remote storage (e.g. S3): download once
+
+
+class MLflowTrialCallback(Callback):
+    """Mirror every Tune trial into a nested MLflow run of the experiment's parent run."""
+
+    def __init__(
+        self,
+        client: MlflowClient,
+        experiment_id: str,
+        parent_run_id: str,
+        base: ExperimentConfig,
+        dims: BackboneDims,
+    ):
+        self.client = client
+        self.experiment_id = experiment_id
+        self.parent_run_id = parent_run_id
+        self.base = base
+        self.dims = dims  # to log each trial's resolved method (e.g. DePT's derived rank)
+        self.run_ids: dict[str, str] = {}
+        self.train_checkpoints: dict[str, str] = {}  # trial id -> latest Ray Train checkpoint
+        self.tune_checkpoints: dict[str, Any] = {}  # trial id -> its latest Tune checkpoint
+        self._worker_tags: dict[str, dict[str, str]] = {}  # trial id -> node/pid last tagged
+        self._logged_steps: dict[str, int] = {}  # trial id -> last step logged (resumed runs)
+
+    def best_checkpoint_dir(self, trial_id: str) -> Path | None:
+        """Local folder of the trial's best checkpoint (the latest one it reported)."""
+        return checkpoint_dir(
+            self.tune_checkpoints.get(trial_id), self.train_checkpoints.get(trial_id)
+        )
+
+    # Tune saves this with the experiment: a resumed search knows its trials' runs
+    def get_state(self) -> dict:
+        return {
+            "run_ids": self.run_ids,
+            "train_checkpoints": self.train_checkpoints,
+            "logged_steps": self._logged_steps,
+        }
+
+    def set_state(self, state: dict) -> None:
+        self.run_ids.update(state.get("run_ids", {}))
+        self.train_checkpoints.update(state.get("train_checkpoints", {}))
+        for trial_id, step in state.get("logged_steps", {}).items():
+            # MLflow (adopt_existing_runs) may already know a later step than Tune's snapshot
+            self._logged_steps[trial_id] = max(step, self._logged_steps.get(trial_id, -1))
+
+    def adopt_existing_runs(self) -> None:
+        """Resuming a search: map its trials to the child runs MLflow already holds, and note
+        the last step each logged, so no run is duplicated and no step logged twice."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{MLFLOW_PARENT_RUN_ID}` = '{self.parent_run_id}'",
+            max_results=10_000,
+        )
+        for run in runs:
+            trial_id = run.data.tags.get(TRIAL_ID_TAG)
+            if not trial_id:
+                continue
+            self.run_ids[trial_id] = run.info.run_id
+            history = self.client.get_metric_history(run.info.run_id, "train_loss")
+            self._logged_steps[trial_id] = max((m.step for m in history), default=-1)
+
+    def collect_results(self, results) -> None:
+        """After the search: every trial's latest checkpoint from Tune's results (a resumed
+        search never sees the trials that had finished before it), and no run left RUNNING.
+
+        A run still RUNNING belongs to a trial Tune ended without a callback reaching MLflow,
+        or to one started after Tune's last snapshot of an interrupted search (Tune re-ran
+        that one as a new trial): it is closed as FAILED or KILLED, with the reason.
+        """
+        ended: dict[str, bool] = {}  # trial id -> failed
+        for result in results:
+            metrics = result.metrics or {}
+            trial_id = metrics.get("trial_id")
+            if not trial_id:
+                continue
+            if result.checkpoint is not None:
+                self.tune_checkpoints.setdefault(trial_id, result.checkpoint)
+            if metrics.get("checkpoint_path"):
+                self.train_checkpoints.setdefault(trial_id, metrics["checkpoint_path"])
+            ended[trial_id] = result.error is not None or FAILURE_KEY in metrics
+        for trial_id, run_id in self.run_ids.items():
+            if self.client.get_run(run_id).info.status != "RUNNING":
+                continue
+            if trial_id in ended:
+                status = "FAILED" if ended[trial_id] else "FINISHED"
+                folder = self.best_checkpoint_dir(trial_id)
+                if folder is not None and not self.client.list_artifacts(run_id, MODEL_ARTIFACTS):
+                    log_model(self.client, run_id, folder, MODEL_ARTIFACTS)
+            else:
+                status = "KILLED"
+                self.client.set_tag(
+                    run_id,
+                    "raypeft.error",
+                    "interrupted with the search before Ray Tune recorded it",
+                )
+            self.client.set_terminated(run_id, status)
+
+    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info):
+        run_id = self.run_ids.get(trial.trial_id)
+        if run_id is not None:  # Ray restarts it from its latest checkpoint
+            restarts = trial.run_metadata.num_failures
+            self.client.set_tag(run_id, "raypeft.restarts", str(restarts))
+
+    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info):
+        if trial.trial_id in self.run_ids:  # restarted, or resumed with the search
+            run_id = self.run_ids[trial.trial_id]
+            if self.client.get_run(run_id).info.status != "RUNNING":
+                self.client.update_run(run_id, status="RUNNING")
+            return
+        cfg = trial_config(self.base, trial.config)
+        cfg = cfg.model_copy(update={"method": cfg.method.resolve(self.dims)})
+        repeat_of = trial.config.get(REPEAT_OF)
+        tags = {
+            MLFLOW_PARENT_RUN_ID: self.parent_run_id,
+            TRIAL_ID_TAG: trial.trial_id,
+            ROLE_TAG: "repeat" if repeat_of else "trial",
+            "raypeft.method": cfg.method.name,
+        }
+        if repeat_of:  # a top configuration trained again with another seed
+            tags["raypeft.repeat_of"] = repeat_of
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"{cfg.method.name}-{trial.trial_id}"
+            + (f"-seed{cfg.train.seed}" if repeat_of else ""),
+            tags=tags,
+        )
+        self.run_ids[trial.trial_id] = run.info.run_id
+        params = flatten(
+            cfg.model_dump(mode="json", exclude={"space", "tracking", "run", "methods"})
+        )
+        params.update(trial.config)  # the sampled keys and derived.*
+        log_params(self.client, run.info.run_id, params)
+
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info
+    ):
+        if result.get("checkpoint_path"):
+            self.train_checkpoints[trial.trial_id] = result["checkpoint_path"]
+        run_id = self.run_ids.get(trial.trial_id)
+        if run_id is None:
+            return
+        self._tag_worker(trial.trial_id, run_id, result)
+        if FAILURE_KEY in result:  # the loss diverged: the reason, for the MLflow UI
+            self.client.set_tag(run_id, "raypeft.error", str(result[FAILURE_KEY])[:5000])
+            return
+        step = int(result.get("step", result.get("training_iteration", 0)))
+        if step <= self._logged_steps.get(trial.trial_id, -1):
+            return  # a resumed trial re-running a step its run already holds
+        self._logged_steps[trial.trial_id] = step
+        timestamp = int(result.get("timestamp", 0) * 1000)
+        metrics = [Metric(k, v, timestamp, step) for k, v in numeric_metrics(result).items()]
+        self.client.log_batch(run_id, metrics=metrics)
+
+    def _tag_worker(self, trial_id: str, run_id: str, result: dict) -> None:
+        """Tag where the trial trains (node id, IP, pid); again when a restart moved it."""
+        where = {k: str(result[k]) for k in (*WORKER_KEYS, RESUMED_KEY) if k in result}
+        if where and self._worker_tags.get(trial_id) != where:
+            self._worker_tags[trial_id] = where
+            self.client.log_batch(
+                run_id, tags=[RunTag(f"raypeft.{k}", v) for k, v in where.items()]
+            )
+
+    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
+        run_id = self.run_ids.get(trial.trial_id)
+        if run_id is None:
+            return
+        if trial.checkpoint is not None:
+            self.tune_checkpoints[trial.trial_id] = trial.checkpoint
+        folder = self.best_checkpoint_dir(trial.trial_id)
+        if folder is not None:  # a diverged trial keeps what it had learnt before, too
+            log_model(self.client, run_id, folder, MODEL_ARTIFACTS)
+        if FAILURE_KEY in trial.last_result:
+            self.client.set_terminated(run_id, "FAILED")
+            return
+        stopped_early = trial.last_result.get("step", 0) < self.base.train.max_steps
+        self.client.set_tag(run_id, "raypeft.stopped_early", str(stopped_early).lower())
+        self.client.set_terminated(run_id, "FINISHED")
+
+    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info):
+        run_id = self.run_ids.get(trial.trial_id)
+        if run_id is None:
+            return
+        error = str(getattr(trial, "error_file", "") or "")
+        self.client.set_tag(run_id, "raypeft.error", redact_uri(_error_summary(trial) or error))
+        self.client.set_terminated(run_id, "FAILED")
+
+
+def _error_summary(trial: Trial) -> str:
+    """Last line of the trial's error (e.g. NonFiniteLossError: ...), for the MLflow UI."""
+    path = getattr(trial, "error_file", None)
+    try:
+        text = Path(path).read_text() if path else ""
+    except OSError:
+        return ""
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1][:5000] if lines else ""
+
+
+def finish_parent_run(
+    client: MlflowClient, run_id: str, summary: dict[str, Any], best_folder: Path | None
+) -> None:
+    """Best configuration, its validation/test metrics and artefacts on the parent run."""
+    client.log_batch(
+        run_id,
+        metrics=[Metric(k, float(v), 0, 0) for k, v in summary["metrics"].items()],
+        tags=[
+            RunTag("raypeft.best_trial_id", summary["trial_id"]),
+            RunTag("raypeft.best_run_id", summary.get("run_id") or ""),
+        ],
+    )
+    log_params(client, run_id, {f"best.{k}": v for k, v in summary["config"].items()})
+    for file_name, table in summary.get("tables", {}).items():  # Pareto front, repeats
+        client.log_dict(run_id, table, file_name)
+    if best_folder is not None:
+        log_model(client, run_id, best_folder, BEST_MODEL_ARTIFACTS)
+    client.set_terminated(run_id, "FINISHED")

@@ -1,0 +1,119 @@
+"""Find a search's records in MLflow: its experiment, parent run, trial runs, trained model.
+
+``report``, ``predict``, ``export`` and ``ui`` read MLflow only (never Ray's result folders),
+so they work on any machine that can reach the tracking store. Every lookup failure is a
+:class:`~raypeft.config.schema.ConfigError` with a one-line message naming what was not found.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from mlflow.entities import Experiment, Run
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from raypeft.errors import ConfigError
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # MLflow's own default store
+ROLE_TAG = "raypeft.role"
+TRIAL_ID_TAG = "raypeft.trial_id"
+BEST_RUN_TAG = "raypeft.best_run_id"
+MODEL_ARTIFACTS = "model"  # a trial run's best checkpoint
+BEST_MODEL_ARTIFACTS = "best_model"  # the parent run's copy of the best trial's checkpoint
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def check_store(uri: str) -> None:
+    """A local sqlite store must exist: reading must never create an empty one."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///") :])
+        if not path.is_file():
+            raise ConfigError(
+                f"{path}: no MLflow store here (run a search first, or give --tracking-uri)"
+            )
+
+
+def find_experiment(client: MlflowClient, name_or_id: str) -> Experiment:
+    """The experiment called ``name_or_id`` (or with that id)."""
+    try:
+        found = client.get_experiment_by_name(name_or_id)
+        if found is None and name_or_id.isdigit():
+            found = client.get_experiment(name_or_id)
+    except MlflowException:
+        found = None
+    if found is None or found.lifecycle_stage == "deleted":
+        names = sorted(e.name for e in client.search_experiments() if e.name != "Default")
+        hint = f"; experiments here: {', '.join(names)}" if names else ""
+        raise ConfigError(f"experiment {name_or_id!r}: not found in the MLflow store{hint}")
+    return found
+
+
+def parent_runs(client: MlflowClient, experiment_id: str) -> list[Run]:
+    """The experiment's searches (parent runs), newest first."""
+    return client.search_runs(
+        [experiment_id],
+        filter_string=f"tags.`{ROLE_TAG}` = 'experiment'",
+        order_by=["attributes.start_time DESC"],
+    )
+
+
+def latest_parent_run(client: MlflowClient, experiment: Experiment) -> Run:
+    """The newest finished search of the experiment (else the newest of any status)."""
+    runs = parent_runs(client, experiment.experiment_id)
+    if not runs:
+        raise ConfigError(f"experiment {experiment.name!r}: has no raypeft search runs")
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    return (finished or runs)[0]
+
+
+def trial_runs(client: MlflowClient, experiment_id: str, parent_run_id: str) -> list[Run]:
+    """Every trial (nested run) of one search."""
+    return client.search_runs(
+        [experiment_id],
+        filter_string=(
+            f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'trial'"
+        ),
+        max_results=50_000,
+    )
+
+
+def get_run(client: MlflowClient, run_id: str) -> Run:
+    try:
+        return client.get_run(run_id)
+    except MlflowException:
+        raise ConfigError(f"run {run_id!r}: not found in the MLflow store") from None
+
+
+def best_trial_run(client: MlflowClient, experiment_name: str) -> Run:
+    """The best trial of the experiment's newest finished search."""
+    parent = latest_parent_run(client, find_experiment(client, experiment_name))
+    run_id = parent.data.tags.get(BEST_RUN_TAG)
+    if not run_id:
+        raise ConfigError(
+            f"experiment {experiment_name!r}: its newest search ({parent.info.run_id}) "
+            "recorded no best trial"
+        )
+    return get_run(client, run_id)
+
+
+def download_model(client: MlflowClient, run: Run, dst: Path) -> Path:
+    """The trained artefacts of a trial run (or of a search's best model) as a local folder."""
+    role = run.data.tags.get(ROLE_TAG)
+    path = BEST_MODEL_ARTIFACTS if role == "experiment" else MODEL_ARTIFACTS
+    try:
+        local = client.download_artifacts(run.info.run_id, path, str(dst))
+    except (MlflowException, OSError):
+        raise ConfigError(
+            f"run {run.info.run_id}: has no trained artefacts under {path}/ "
+            "(a failed trial, or not a raypeft run)"
+        ) from None
+    folder = Path(local)
+    if not (folder / "config.yaml").is_file():
+        raise ConfigError(f"run {run.info.run_id}: {path}/config.yaml is missing")
+    return folder

@@ -1,0 +1,15 @@
+"""Keys of the results trials report that are not metrics: shared by the training loop, the
+searcher, the MLflow tracker and the progress printer (a module with no heavy imports)."""
+
+# A trial's last result carries this key when training could not go on (the loss became NaN
+# or infinite): the trial ends normally, so Ray does not retry it from its checkpoint (it
+# would diverge the same way), and raypeft records it as failed with the message as reason.
+FAILURE_KEY = "raypeft_failure"
+
+# Reported after a restart from a checkpoint (worker killed, search resumed): the step the
+# trial continued from.
+RESUMED_KEY = "resumed_from_step"
+
+# Where the (rank-0) training process runs (raypeft.search.trial_runners.worker_identity);
+# with RESUMED_KEY these are tagged raypeft.<key> on the trial's MLflow run.
+WORKER_KEYS = ("worker_node_id", "worker_node_ip", "worker_pid")
