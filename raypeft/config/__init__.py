@@ -1,5 +1,7 @@
 """The experiment file: the pydantic schema, loading with ``--set`` overrides, error wording.
 
-``schema`` holds the models and loading; ``messages`` turns pydantic's errors into one line
-naming the key and the rule; ``redact`` hides credentials before any config is written out.
+``schema`` holds the models and loading; ``method_configs`` the fields every method's config
+has and the registry methods add their configs to (the config layer never imports a method);
+``messages`` turns pydantic's errors into one line naming the key and the rule; ``redact``
+hides credentials before any config is written out.
 """

@@ -14,11 +14,21 @@ from typing import Annotated, Any, Union
 
 from pydantic import BaseModel, ValidationError
 
-from raypeft.methods import METHODS
+from raypeft.config.method_configs import (
+    RegisteredMethodConfig,
+    method_config_classes,
+    method_config_union,
+)
 
 
-def format_validation_error(err: ValidationError, source: str) -> str:
-    """First error of a pydantic ValidationError as ``SOURCE: key.path: rule (got X)``."""
+def format_validation_error(
+    err: ValidationError, source: str, root: type[BaseModel] | None = None
+) -> str:
+    """First error of a pydantic ValidationError as ``SOURCE: key.path: rule (got X)``.
+
+    ``root`` is the model that was validated (``ExperimentConfig``): an unknown key's hint
+    (close names, or the keys that section takes) comes from its fields; None: no hint.
+    """
     first = err.errors()[0]
     raw = [p for p in first["loc"]]
     is_key = bool(raw) and raw[-1] == "[key]"  # a mapping's key (not its value) is wrong
@@ -27,9 +37,10 @@ def format_validation_error(err: ValidationError, source: str) -> str:
     loc = _loc_text(raw)
     msg = describe_error(first)
     if first["type"] == "extra_forbidden":
-        msg = "unknown key" + _key_hint(raw)
+        msg = "unknown key" + _key_hint(raw, root)
     elif first["type"] == "union_tag_invalid":
-        msg = f"unknown method {first['input'].get('name')!r}; expected one of {sorted(METHODS)}"
+        known = sorted(method_config_classes())
+        msg = f"unknown method {first['input'].get('name')!r}; expected one of {known}"
     elif is_key:
         msg = f"unknown key; {msg}"
     got = first.get("input")
@@ -105,7 +116,7 @@ def describe_error(error: dict[str, Any]) -> str:
         kind = "missing_item"  # a tuple given too few values
     template = _RULES.get(kind)
     if template is not None:
-        ctx = {**error.get("ctx", {}), "methods": ", ".join(sorted(METHODS))}
+        ctx = {**error.get("ctx", {}), "methods": ", ".join(sorted(method_config_classes()))}
         try:
             return template.format(**ctx)
         except (KeyError, IndexError):
@@ -140,9 +151,9 @@ def _close_names(word: str, known: list[str]) -> list[str]:
 
 def _known_keys(loc: list[Any], root: Any = None) -> list[str] | None:
     """Field names of the model an error location points into (None: not a model)."""
-    from raypeft.config.schema import ExperimentConfig  # config.py imports this module
-
-    node: Any = root or ExperimentConfig
+    if root is None:
+        return None
+    node: Any = root
     for part in loc:
         node = _step(node, part)
         if node is None:
@@ -165,6 +176,8 @@ def _unwrap(ann: Any) -> Any:
 def _step(ann: Any, part: Any) -> Any:
     """The annotation one location ``part`` below ``ann`` (None when it cannot tell)."""
     ann = _unwrap(ann)
+    if ann is RegisteredMethodConfig:  # the method section: the registered configs' union
+        ann = _unwrap(method_config_union())
     origin = typing.get_origin(ann)
     if origin in (Union, types.UnionType):
         members = [_unwrap(a) for a in typing.get_args(ann) if a is not type(None)]
@@ -191,4 +204,4 @@ def _step(ann: Any, part: Any) -> Any:
 
 def _is_union_tag(part: Any) -> bool:
     # pydantic puts the discriminator tag / union member names into error locations
-    return isinstance(part, str) and part in METHODS
+    return isinstance(part, str) and part in method_config_classes()

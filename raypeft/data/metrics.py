@@ -1,33 +1,107 @@
-"""Evaluation metrics per task (DePT Appendix C conventions), on numpy predictions."""
+"""Evaluation metrics per task (DePT Appendix C conventions), on numpy predictions.
+
+Plain numpy, computed as scikit-learn and SciPy compute them (``accuracy_score``,
+``f1_score``, ``matthews_corrcoef``, ``pearsonr``, ``spearmanr``; the same values, Pearson's
+to the last bit of float rounding): the training core runs on machines that have neither
+(tests/unit/test_metrics.py compares the two where both are installed).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
-from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
+
+
+def _accuracy(preds: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(labels == preds))
+
+
+def _f1_per_class(preds: np.ndarray, labels: np.ndarray, classes: np.ndarray) -> np.ndarray:
+    """``2·TP / (2·TP + FP + FN)`` of each class (0 where it has no true or predicted
+    example); a prediction outside ``classes`` (a generated "no class", -1) is wrong."""
+    hit = preds == labels
+    tp = np.array([np.sum(hit & (labels == c)) for c in classes], dtype=np.float64)
+    true = np.array([np.sum(labels == c) for c in classes], dtype=np.float64)
+    predicted = np.array([np.sum(preds == c) for c in classes], dtype=np.float64)
+    denom = true + predicted
+    return np.divide(2 * tp, denom, out=np.zeros_like(tp), where=denom > 0)
+
+
+def _f1(preds: np.ndarray, labels: np.ndarray) -> float:
+    """F1 of class 1 (the positive class of binary GLUE tasks)."""
+    return float(_f1_per_class(preds, labels, np.array([1]))[0])
+
+
+def _macro_f1(preds: np.ndarray, labels: np.ndarray) -> float:
+    """Mean F1 over the classes present in ``labels``."""
+    return float(np.mean(_f1_per_class(preds, labels, np.unique(labels))))
+
+
+def _matthews(preds: np.ndarray, labels: np.ndarray) -> float:
+    """Matthews correlation (the multiclass R_K statistic; 0 when undefined)."""
+    classes = np.unique(np.concatenate([labels, preds]))
+    true_index = np.searchsorted(classes, labels)
+    pred_index = np.searchsorted(classes, preds)
+    confusion = np.zeros((len(classes), len(classes)), dtype=np.int64)
+    np.add.at(confusion, (true_index, pred_index), 1)
+    t_sum = confusion.sum(axis=1, dtype=np.float64)
+    p_sum = confusion.sum(axis=0, dtype=np.float64)
+    n_correct = np.trace(confusion, dtype=np.float64)
+    n = p_sum.sum()
+    cov_ytyp = n_correct * n - np.dot(t_sum, p_sum)
+    cov_ypyp = n**2 - np.dot(p_sum, p_sum)
+    cov_ytyt = n**2 - np.dot(t_sum, t_sum)
+    if cov_ypyp * cov_ytyt == 0:
+        return 0.0
+    return float(cov_ytyp / np.sqrt(cov_ypyp * cov_ytyt))
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    dtype = np.result_type(x.dtype, y.dtype)  # float32 outputs stay float32, as in SciPy
+    if not np.issubdtype(dtype, np.floating):
+        dtype = np.float64
+    xm, ym = x.astype(dtype) - np.mean(x.astype(dtype)), y.astype(dtype) - np.mean(y.astype(dtype))
+    # scaled by the largest deviation first, as SciPy does, so the norms cannot overflow
+    xmax, ymax = np.max(np.abs(xm)), np.max(np.abs(ym))
+    normx = xmax * np.linalg.norm(xm / xmax, axis=-1)
+    normy = ymax * np.linalg.norm(ym / ymax, axis=-1)
+    return float(np.clip(np.vecdot(xm / normx, ym / normy), -1.0, 1.0))
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n, ties sharing their average rank."""
+    order = np.argsort(values, kind="mergesort")
+    inverse = np.empty(order.size, dtype=np.intp)
+    inverse[order] = np.arange(order.size, dtype=np.intp)
+    ordered = values[order]
+    starts = np.r_[True, ordered[1:] != ordered[:-1]]
+    dense = np.cumsum(starts)[inverse]
+    bounds = np.r_[np.nonzero(starts)[0], len(starts)]
+    return 0.5 * (bounds[dense] + bounds[dense - 1] + 1)
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    return float(np.corrcoef(np.vstack([_ranks(x), _ranks(y)]))[1, 0])
 
 
 def _corr(fn) -> Callable[[np.ndarray, np.ndarray], float]:
     def metric(preds: np.ndarray, labels: np.ndarray) -> float:
         if np.std(preds) == 0 or np.std(labels) == 0:
             return 0.0  # undefined for constant predictions; count it as no correlation
-        return float(fn(preds, labels)[0])
+        return fn(preds, labels)
 
     return metric
 
 
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
-    "accuracy": lambda p, y: float(accuracy_score(y, p)),
-    # `labels=` keeps a generated "no class" prediction (-1) out of the classes averaged
-    "f1": lambda p, y: float(f1_score(y, p, labels=[1], average="micro", zero_division=0)),
-    "macro_f1": lambda p, y: float(
-        f1_score(y, p, labels=np.unique(y), average="macro", zero_division=0)
-    ),
-    "matthews_correlation": lambda p, y: float(matthews_corrcoef(y, p)),
-    "pearson": _corr(pearsonr),
-    "spearmanr": _corr(spearmanr),
+    "accuracy": _accuracy,
+    # a generated "no class" prediction (-1) counts as wrong, never as a class of its own
+    "f1": _f1,
+    "macro_f1": _macro_f1,
+    "matthews_correlation": _matthews,
+    "pearson": _corr(_pearson),
+    "spearmanr": _corr(_spearman),
 }
 
 # Every metric above is better when larger; the evaluation loss is reported too.

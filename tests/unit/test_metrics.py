@@ -61,3 +61,33 @@ def test_task_metrics_are_maximised_and_loss_minimised():
     assert set(METRIC_MODE) == set(METRICS) | {"loss"}
     assert {METRIC_MODE[name] for name in METRICS} == {"max"}
     assert METRIC_MODE["loss"] == "min"
+
+
+def test_metrics_equal_scikit_learn_and_scipy():
+    """The numpy metrics give scikit-learn's and SciPy's values (they need neither)."""
+    sklearn_metrics = pytest.importorskip("sklearn.metrics")
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for case in range(200):
+        n, k = int(rng.integers(2, 60)), int(rng.integers(2, 5))
+        labels = rng.integers(0, k, n)
+        preds = rng.integers(-1 if case % 2 else 0, k, n)  # -1: a generated "no class"
+        assert METRICS["accuracy"](preds, labels) == sklearn_metrics.accuracy_score(labels, preds)
+        assert METRICS["f1"](preds, labels) == sklearn_metrics.f1_score(
+            labels, preds, labels=[1], average="micro", zero_division=0
+        )
+        assert METRICS["macro_f1"](preds, labels) == sklearn_metrics.f1_score(
+            labels, preds, labels=np.unique(labels), average="macro", zero_division=0
+        )
+        assert METRICS["matthews_correlation"](preds, labels) == pytest.approx(
+            sklearn_metrics.matthews_corrcoef(labels, preds), abs=1e-12
+        )
+        outputs = rng.normal(size=n).astype(np.float32)
+        targets = np.round(rng.normal(size=n), 0 if case % 3 else 2)  # ties for the ranks
+        if np.std(targets) > 0:
+            assert METRICS["pearson"](outputs, targets) == pytest.approx(
+                float(stats.pearsonr(outputs, targets)[0]), abs=1e-12
+            )
+            assert METRICS["spearmanr"](outputs, targets) == pytest.approx(
+                float(stats.spearmanr(outputs, targets)[0]), abs=1e-12
+            )

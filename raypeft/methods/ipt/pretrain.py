@@ -18,14 +18,17 @@ import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from raypeft.methods.ipt.corpora import corpus_fingerprint, load_corpus
 from raypeft.methods.ipt.text_encoders import TextCNNBody
 
 logger = logging.getLogger(__name__)
@@ -52,8 +55,6 @@ class PretrainSpec:
     embed_lr: float = 1e-2  # the table learns faster: each row sees few updates per epoch
 
     def key(self) -> str:
-        from raypeft.methods.ipt.corpora import corpus_fingerprint
-
         fields = asdict(self) | {"corpus_fingerprint": corpus_fingerprint(self.corpus)}
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:20]
 
@@ -93,14 +94,14 @@ class PretrainResult:
     categories: list[str]
 
 
-def pretrain_textcnn(spec: PretrainSpec) -> PretrainResult:
-    """Train the classifier (cross-entropy, Adam, fixed seed) on 90% of the corpus."""
-    from raypeft.methods.ipt.corpora import load_corpus
-    from raypeft.modeling.backbones import load_tokenizer
+def pretrain_textcnn(spec: PretrainSpec, tokenizer: Any) -> PretrainResult:
+    """Train the classifier (cross-entropy, Adam, fixed seed) on 90% of the corpus.
 
+    ``tokenizer`` is the one ``spec.tokenizer`` names (the backbone's, from
+    :class:`~raypeft.methods.base.BackboneAccess`): it gives the ids the table's rows index.
+    """
     start = time.perf_counter()
     corpus = load_corpus(spec.corpus)
-    tokenizer = load_tokenizer(spec.tokenizer, spec.revision)
     encoded = tokenizer(
         corpus.texts, add_special_tokens=False, truncation=True, max_length=spec.max_tokens
     )["input_ids"]
@@ -157,12 +158,24 @@ def _batch(docs: list[tuple[list[int], int]]) -> tuple[torch.Tensor, ...]:
     return ids, lengths, torch.tensor([y for _, y in docs])
 
 
-def load_or_pretrain(spec: PretrainSpec) -> dict[str, torch.Tensor]:
-    """The cached pretrained state for ``spec``, training (and caching) it on a miss."""
+def load_pretrained(spec: PretrainSpec) -> dict[str, torch.Tensor]:
+    """The cached pretrained state for ``spec`` (:func:`ensure_pretrained` builds it)."""
+    path = spec.path()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"IPT: no pretrained table at {path}: IPTConfig.warm_up builds it before the "
+            "method is built (the prompted model calls it)"
+        )
+    return load_file(str(path))
+
+
+def ensure_pretrained(spec: PretrainSpec, tokenizer: Callable[[], Any]) -> None:
+    """Train and cache the state for ``spec`` unless it is cached; ``tokenizer`` loads the
+    backbone's tokenizer (called on a miss only)."""
     path = spec.path()
     if path.is_file():
-        return load_file(str(path))
-    result = pretrain_textcnn(spec)
+        return
+    result = pretrain_textcnn(spec, tokenizer())
     path.parent.mkdir(parents=True, exist_ok=True)
     metadata = {
         "accuracy": f"{result.accuracy:.4f}",
@@ -192,4 +205,3 @@ def load_or_pretrain(spec: PretrainSpec) -> dict[str, torch.Tensor]:
         result.accuracy,
         path,
     )
-    return result.state
