@@ -17,7 +17,7 @@ Three kinds of backbone, told apart by their config:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
@@ -107,6 +107,11 @@ def resolve_source(name: str) -> str:
     return name
 
 
+def tokenizer_name(name: str) -> str:
+    """The model whose tokenizer ``name`` uses: itself, or MiniLM for the tiny test models."""
+    return "minilm" if name in TINY_CONFIGS else name
+
+
 @lru_cache(maxsize=8)
 def load_tokenizer(name: str, revision: str | None = None) -> PreTrainedTokenizerBase:
     """The backbone's tokenizer (tiny models borrow MiniLM's vocabulary).
@@ -114,7 +119,7 @@ def load_tokenizer(name: str, revision: str | None = None) -> PreTrainedTokenize
     Decoders pad on the left (their head reads the last position); a tokenizer without a pad
     token (GPT-2, LLaMA) pads with its end-of-sequence token, as is usual for them.
     """
-    source = resolve_source("minilm" if name in TINY_CONFIGS else name)
+    source = resolve_source(tokenizer_name(name))
     tokenizer = AutoTokenizer.from_pretrained(source, revision=revision)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -135,6 +140,23 @@ def backbone_kind(config: PretrainedConfig) -> BackboneKind:
     if getattr(config, "is_encoder_decoder", False):
         return "seq2seq"
     return "encoder" if config.model_type in _ENCODER_TYPES else "decoder"
+
+
+# Model types whose position embeddings are a table of max_position_embeddings rows.
+_ABSOLUTE_TYPES = {
+    "albert", "bert", "camembert", "distilbert", "electra", "ernie", "gpt2", "opt", "roberta",
+    "xlm-roberta",
+}  # fmt: skip
+
+
+def absolute_positions(config: PretrainedConfig) -> int | None:
+    """The rows of the backbone's absolute position-embedding table (BERT-, RoBERTa-,
+    GPT-2-style), which prompt tokens and input together must fit; None for relative or
+    rotary positions (T5, LLaMA), which have no such limit."""
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    kind = getattr(config, "position_embedding_type", None)  # BERT-family configs may say
+    absolute = kind == "absolute" or (kind is None and config.model_type in _ABSOLUTE_TYPES)
+    return limit if limit and absolute else None
 
 
 def load_config(cfg: ModelConfig, num_labels: int, problem: str) -> PretrainedConfig:
@@ -185,6 +207,7 @@ def backbone_dims(
         num_heads=heads,
         kv_heads=getattr(config, "num_key_value_heads", None),
         model_name=name,
+        tokenizer_name=None if name is None else tokenizer_name(name),
     )
 
 
@@ -224,6 +247,12 @@ class Backbone:
     def word_embeddings(self) -> nn.Embedding:
         return self.model.get_input_embeddings()
 
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        """The backbone's tokenizer (a method's :meth:`warm_up` may read it)."""
+        if self.dims.model_name is None:
+            raise ValueError("the backbone's tokenizer: BackboneDims.model_name must be set")
+        return load_tokenizer(self.dims.model_name)
+
 
 def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0) -> Backbone:
     """Load (or build, for tiny aliases) the model, freeze it, unfreeze the task head."""
@@ -261,3 +290,36 @@ def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0
     if not head:
         raise ConfigError(f"model.name: {cfg.name!r} has no classification head to train")
     return Backbone(model=model, dims=dims, head_params=head)
+
+
+class FrozenBackbone:
+    """The backbone of a model section, each part loaded on first use: what the driver hands
+    to methods (IDPG's sentence encodings, IPT's pretrained table; see
+    :class:`raypeft.methods.base.BackboneAccess`). The model is built as a 2-label classifier
+    with seed 0; methods read only its frozen body."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+
+    @cached_property
+    def dims(self) -> BackboneDims:
+        config = load_config(self.cfg, 2, "classification")
+        return backbone_dims(config, self.cfg.max_length, self.cfg.name)
+
+    @cached_property
+    def model(self) -> PreTrainedModel:
+        return load_backbone(self.cfg, num_labels=2, problem="classification", seed=0).model
+
+    def tokenizer(self) -> PreTrainedTokenizerBase:
+        return load_tokenizer(self.cfg.name)
+
+
+def frozen_backbone(cfg: ModelConfig) -> FrozenBackbone:
+    """The :class:`FrozenBackbone` of ``cfg``, cached: the driver encodes every split (and
+    maybe several poolings) with one model."""
+    return _frozen_backbone(cfg.model_dump_json())
+
+
+@lru_cache(maxsize=1)
+def _frozen_backbone(model_json: str) -> FrozenBackbone:
+    return FrozenBackbone(ModelConfig.model_validate_json(model_json))

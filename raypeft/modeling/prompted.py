@@ -40,6 +40,7 @@ class PromptedModel(nn.Module):
         self.dims = backbone.dims
         resolved = method_config.resolve(backbone.dims)
         resolved.check_backbone(backbone.dims)
+        resolved.warm_up(backbone)  # artefacts the driver built, unless this machine lacks them
         self.method: PromptMethod = build_method(resolved, backbone.dims, backbone.word_embeddings)
         self._head_names = {name for name, p in self.backbone.named_parameters() if p.requires_grad}
         self.verbalizers: list[str] | None = None  # seq2seq classes as text (set by build_model)

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 RESUME_DIR = "resume"
 _TENSORS = "state.safetensors"
 _STATE = "state.json"
+_NOT_SAVED = ("best_state", "resumed_from")  # LoopState fields that state.json leaves out
 
 
 @dataclass
@@ -34,6 +35,19 @@ class LoopState:
     # trainable tensors at the best evaluation (not serialised with the loop state: they are
     # the checkpoint's top-level trainable.safetensors)
     best_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
+    # the step this process continued from when it resumed a trial (not serialised either)
+    resumed_from: int | None = field(default=None, repr=False)
+
+    def count_step(self, examples: int, seconds: float) -> None:
+        """One training step done, on ``examples`` (over all workers) in ``seconds``."""
+        self.step += 1
+        self.seen += examples
+        self.train_time += seconds
+
+    def keep_best(self, record: dict[str, float], trainable: dict[str, torch.Tensor]) -> None:
+        """A new best evaluation: its metrics (``record``) and a copy of the tensors."""
+        self.best = record
+        self.best_state = {k: v.clone() for k, v in trainable.items()}
 
 
 def save_resume_state(
@@ -57,7 +71,7 @@ def save_resume_state(
                 scalars.setdefault(str(index), {})[name] = value
     tensors["rng.torch"] = torch.get_rng_state()
     save_file(tensors, str(out / _TENSORS))
-    loop_json = {k: v for k, v in asdict(loop).items() if k != "best_state"}
+    loop_json = {k: v for k, v in asdict(loop).items() if k not in _NOT_SAVED}
     state = {
         "loop": loop_json,
         "optimizer_param_groups": opt["param_groups"],

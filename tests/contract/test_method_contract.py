@@ -21,7 +21,9 @@ from torch.utils.data import DataLoader
 
 from raypeft.config.schema import ExperimentConfig, ModelConfig, TaskConfig, TrainConfig
 from raypeft.methods import METHODS
-from raypeft.training.loop import build_model, build_optimizer, ensure_features, split_dataset
+from raypeft.modeling.build import build_model
+from raypeft.training.datasets import ensure_features, split_dataset
+from raypeft.training.optimizer import build_optimizer
 
 BACKBONES = ["tiny-bert", "tiny-t5", "tiny-gpt2", "tiny-llama"]
 MAX_LENGTH = 16

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
-from test_tune_cli import run_cli
+
+from tests.helpers import run_cli
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """``workers_per_trial: 2``: one trial trained with DDP across two Ray Train workers (gloo on
 CPU) learns what one worker learns at the same global batch size.
 
-Both runs see the same global batches (raypeft.training.loop.GlobalBatchSampler: each worker takes
-half of every batch) and DDP averages the two halves' gradients, which is the gradient of the
+Both runs see the same global batches (raypeft.training.sampler.GlobalBatchSampler: each worker
+takes half of every batch) and DDP averages the two halves' gradients, which is the gradient of the
 whole batch; so the metrics agree up to floating-point summation order, step by step.
 """
 
@@ -12,7 +12,8 @@ import math
 
 import pytest
 from mlflow.tracking import MlflowClient
-from test_tune_cli import children, run_cli, tiny_experiment  # helpers beside this file
+
+from tests.helpers import children, run_cli, tiny_experiment
 
 pytestmark = pytest.mark.integration
 

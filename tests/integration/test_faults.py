@@ -18,7 +18,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
-from test_tune_cli import (  # helpers beside this file
+
+from tests.helpers import (
     RAYPEFT,
     children,
     cli_env,

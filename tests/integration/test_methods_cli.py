@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 from mlflow.tracking import MlflowClient
-from test_tune_cli import children, run_cli  # the CLI helpers beside this file
 
 from raypeft.methods import METHODS
+from tests.helpers import children, run_cli
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,8 @@ import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
-from test_tune_cli import RAYPEFT, children, tiny_experiment
+
+from tests.helpers import RAYPEFT, children, tiny_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -356,7 +357,7 @@ def ray_cluster():
 
 
 def run_driver(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
-    """``raypeft`` as ``test_tune_cli.run_cli`` runs it, but with the cluster's auth token:
+    """``raypeft`` as ``tests.helpers.run_cli`` runs it, but with the cluster's auth token:
     ``run_cli`` sets ``RAY_AUTH_MODE=disabled``, and such a driver cannot join a cluster
     with token authentication."""
     return subprocess.run(

@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 from mlflow.tracking import MlflowClient
-from test_tune_cli import run_cli
+
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 

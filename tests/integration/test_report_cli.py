@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from test_tune_cli import run_cli
+
+from tests.helpers import run_cli
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
-from test_tune_cli import children, run_cli, tiny_experiment
+
+from tests.helpers import children, run_cli, tiny_experiment
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
-from test_tune_cli import children, run_cli  # the CLI helpers beside this file
 
 from raypeft.config.schema import load_experiment
+from tests.helpers import children, run_cli
 
 pytestmark = pytest.mark.integration
 

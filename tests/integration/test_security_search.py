@@ -21,9 +21,9 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 from safetensors import safe_open
-from test_tune_cli import run_cli, tiny_experiment
 
 from raypeft.config.redact import redact_uri
+from tests.helpers import run_cli, tiny_experiment
 
 pytestmark = pytest.mark.integration
 

@@ -21,9 +21,9 @@ import time
 from pathlib import Path
 
 import pytest
-from test_tune_cli import RAYPEFT
 
 from raypeft.tracking.runs import parent_runs, trial_runs
+from tests.helpers import RAYPEFT
 
 pytestmark = pytest.mark.integration
 

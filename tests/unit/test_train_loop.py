@@ -11,24 +11,20 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-import raypeft.training.loop as train_mod
+import raypeft.training.loop as train_mod  # its evaluate() is replaced by scripted ones
 from raypeft.config.schema import ExperimentConfig, ModelConfig, SearchConfig, TrainConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
 from raypeft.methods.dept import DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
 from raypeft.modeling.prompted import TRAINABLE_FILE
-from raypeft.training.loop import (
-    CONFIG_FILE,
-    TASK_FILE,
-    GlobalBatchSampler,
-    evaluate,
-    load_checkpoint,
-    split_dataset,
-    train,
-)
+from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE, load_checkpoint
+from raypeft.training.datasets import split_dataset
+from raypeft.training.evaluation import evaluate
+from raypeft.training.loop import train
 from raypeft.training.result_keys import FAILURE_KEY, RESUMED_KEY
 from raypeft.training.resume import RESUME_DIR
+from raypeft.training.sampler import GlobalBatchSampler
 
 S = 16
 

@@ -1,0 +1,105 @@
+"""What a trial's checkpoint folder holds, and how it is written and read back.
+
+The folder every evaluation reports holds the best model so far (its trainable tensors as
+safetensors, the resolved config as YAML, the task's labels as JSON: what serving loads) and
+``resume/``, where training stands now (:mod:`raypeft.training.resume`). No pickles.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+
+from raypeft.config.redact import redact_config
+from raypeft.config.schema import ExperimentConfig
+from raypeft.data import TokenizedTask
+from raypeft.modeling.build import build_model
+from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
+from raypeft.training.resume import (
+    LoopState,
+    has_resume_state,
+    load_resume_state,
+    save_resume_state,
+)
+
+CONFIG_FILE = "config.yaml"
+TASK_FILE = "task.json"  # what inference needs of the task: label names, verbalizers, metrics
+
+
+def task_metadata(task: TokenizedTask) -> dict:
+    """What inference needs to know of the task, without loading its data."""
+    return {
+        "name": task.spec.name,
+        "problem": task.spec.problem,
+        "num_labels": task.num_labels,
+        "label_names": task.label_names,
+        "verbalizers": task.verbalizers,
+        "metrics": list(task.spec.metrics),
+        "text_pair": task.spec.text_pair_column is not None,
+    }
+
+
+def save_checkpoint(
+    model: PromptedModel,
+    cfg: ExperimentConfig,
+    folder: Path,
+    task: TokenizedTask | None = None,
+    trainable: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """Trainable tensors (safetensors: ``trainable``, default the model's current ones), the
+    resolved config (YAML) and the task's labels (JSON) - no pickles."""
+    save_file(
+        trainable if trainable is not None else model.trainable_state_dict(),
+        str(Path(folder) / TRAINABLE_FILE),
+    )
+    resolved = cfg.model_copy(update={"method": cfg.method.resolve(model.dims)})
+    (folder / CONFIG_FILE).write_text(
+        yaml.safe_dump(redact_config(resolved.model_dump(mode="json")), sort_keys=False)
+    )
+    if task is not None:
+        (folder / TASK_FILE).write_text(json.dumps(task_metadata(task), indent=2))
+
+
+def load_checkpoint(folder: Path, task: TokenizedTask) -> tuple[ExperimentConfig, PromptedModel]:
+    """Rebuild a trained model from a checkpoint folder."""
+    cfg = ExperimentConfig.model_validate(yaml.safe_load((Path(folder) / CONFIG_FILE).read_text()))
+    model = build_model(cfg, task)
+    model.load_trainable(folder)
+    return cfg, model
+
+
+def write_trial_checkpoint(
+    folder: Path,
+    model: PromptedModel,
+    cfg: ExperimentConfig,
+    task: TokenizedTask,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    loop: LoopState,
+) -> None:
+    """The folder an evaluation reports: the best model so far, and ``resume/``."""
+    save_checkpoint(model, cfg, folder, task, trainable=loop.best_state)
+    save_resume_state(folder, model.trainable_state_dict(), optimizer, scheduler, loop)
+
+
+def restore_trial(
+    folder: Path | None,
+    model: PromptedModel,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> LoopState:
+    """Where training starts: a fresh loop state, or, when ``folder`` holds resumable state
+    (:func:`write_trial_checkpoint`), the one it saved, with model, optimizer, schedule and
+    RNG put back as they were and the best model's tensors in ``best_state``."""
+    if not has_resume_state(folder):
+        return LoopState()
+    current, loop = load_resume_state(folder, optimizer, scheduler)
+    model.load_trainable_state_dict(current)
+    best = Path(folder) / TRAINABLE_FILE
+    loop.best_state = load_file(str(best)) if best.is_file() else None
+    loop.resumed_from = loop.step
+    return loop

@@ -1,0 +1,62 @@
+"""What a trial costs, reported with every evaluation: the searcher can trade accuracy against
+it (objectives such as ``peak_memory_mb``: :func:`raypeft.search.searcher.resolve_objectives`)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+import torch
+
+from raypeft.modeling.prompted import PromptedModel
+from raypeft.training.resume import LoopState
+
+
+class PeakMemory:
+    """Peak memory of one trial: CUDA's allocator peak, or the process's sampled RSS on CPU.
+
+    ``ru_maxrss`` would not do on CPU: Tune reuses trial actors, so the process-lifetime
+    maximum would carry over from earlier trials. RSS is sampled after every step instead.
+    """
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.process = psutil.Process(os.getpid())
+        self.peak = 0
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        self.sample()
+
+    def sample(self) -> None:
+        if not self.cuda:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+
+    def peak_mb(self) -> float:
+        peak = torch.cuda.max_memory_allocated() if self.cuda else self.peak
+        return peak / 2**20
+
+
+class TrialMeter:
+    """A trial's wall time (from its start) and peak memory (sampled after every step)."""
+
+    def __init__(self, device: torch.device):
+        self.started = time.perf_counter()
+        self.memory = PeakMemory(device)
+
+    def sample_memory(self) -> None:
+        """Sample memory after a step (CPU: RSS; CUDA keeps its own peak)."""
+        self.memory.sample()
+
+    def metrics(
+        self, loop: LoopState, val: dict[str, float], model: PromptedModel
+    ) -> dict[str, float]:
+        """Throughput of training (``loop``) and evaluation (``val``), the method's size (its
+        closed-form count: the task head is left out, as in the papers) and memory."""
+        return dict(
+            train_samples_per_s=loop.seen / loop.train_time,
+            eval_samples_per_s=val["samples_per_s"],
+            trainable_params=model.method.config.num_params(model.dims),
+            peak_memory_mb=self.memory.peak_mb(),
+            wall_time_s=time.perf_counter() - self.started,
+        )

@@ -1,0 +1,92 @@
+"""Evaluation: metrics of the current weights on a split, and which evaluation is the best."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+
+from raypeft.config.schema import ExperimentConfig
+from raypeft.data import TokenizedTask
+from raypeft.data.metrics import METRIC_MODE, compute_metrics
+from raypeft.modeling.prompted import PromptedModel
+from raypeft.training.datasets import ArrayDataset, to_device
+
+
+@torch.no_grad()
+def evaluate(
+    model: PromptedModel,
+    dataset: ArrayDataset,
+    metric_names: tuple[str, ...],
+    batch_size: int,
+    device: torch.device,
+) -> dict[str, float]:
+    """Metrics of the current weights on one split, plus its loss and samples/s."""
+    was_training = model.training
+    model.eval()
+    outputs, labels, loss_sum = [], [], 0.0
+    start = time.perf_counter()
+    for batch in DataLoader(dataset, batch_size=batch_size):
+        batch = to_device(batch, device)
+        y = batch["labels"]
+        out = model(**batch)
+        loss_sum += out.loss.item() * len(y)
+        # a head's logits are its predictions: one forward pass; seq2seq models generate
+        outputs.append(
+            model.predict(**batch) if model.kind == "seq2seq" else out.logits.float().cpu().numpy()
+        )
+        labels.append(y.cpu().numpy())
+    elapsed = time.perf_counter() - start
+    model.train(was_training)
+    y_all = np.concatenate(labels)
+    metrics = compute_metrics(metric_names, np.concatenate(outputs), y_all)
+    metrics["loss"] = loss_sum / len(y_all)
+    metrics["samples_per_s"] = len(y_all) / elapsed
+    return metrics
+
+
+@dataclass(frozen=True)
+class TargetMetric:
+    """The validation metric that picks a trial's best evaluation (and its checkpoint)."""
+
+    name: str
+    mode: str  # "max" or "min"
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig, task: TokenizedTask) -> TargetMetric:
+        """The searched metric (default: the task's primary one) and its direction."""
+        name = cfg.search.metric or task.spec.primary_metric
+        return cls(name, cfg.search.mode or METRIC_MODE.get(name, "max"))
+
+    def improves(self, val: dict[str, float], best: dict[str, float]) -> bool:
+        """Whether validation metrics ``val`` beat ``best`` (a tie does not; none yet does)."""
+        sign = 1 if self.mode == "max" else -1
+        return not best or sign * val[self.name] > sign * best[f"val_{self.name}"]
+
+
+def best_record(val: dict[str, float], step: int) -> dict[str, float]:
+    """What a trial keeps of its best evaluation: the validation metrics and the step."""
+    return {f"val_{k}": v for k, v in val.items()} | {"step": step}
+
+
+def evaluation_metrics(
+    target: TargetMetric,
+    val: dict[str, float],
+    best: dict[str, float],
+    train_loss: float,
+    step: int,
+) -> dict[str, float]:
+    """What one evaluation reports: this evaluation's and the best one's metrics."""
+    # Tune's progress table shows the first few keys: the searched metric first
+    metrics = {
+        f"best_val_{target.name}": best[f"val_{target.name}"],
+        f"val_{target.name}": val[target.name],
+        "train_loss": train_loss,
+        "step": step,
+    }
+    metrics.update({f"val_{k}": v for k, v in val.items()})
+    metrics.update({f"best_{k}": v for k, v in best.items()})
+    return metrics
