@@ -20,9 +20,7 @@ from raypeft.config.schema import ExperimentConfig, flatten
 from raypeft.errors import ConfigError
 from raypeft.tracking.callback import param_text  # the value exactly as it was logged
 from raypeft.tracking.runs import parent_runs
-
-TUNE_PATH_TAG = "raypeft.tune_path"
-CONFIG_HASH_TAG = "raypeft.config_hash"
+from raypeft.tracking.tags import CONFIG_HASH_TAG, TUNE_PATH_TAG
 
 
 def config_hash(cfg: ExperimentConfig) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
-from raypeft.search.space import DERIVED_PREFIX
+from raypeft.config.schema import DERIVED_PREFIX
 from raypeft.training.result_keys import FAILURE_KEY
 
 

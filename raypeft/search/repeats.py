@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ray.tune.search import Searcher
+from ray.tune.schedulers import FIFOScheduler
+from ray.tune.search import ConcurrencyLimiter, Searcher
 
-from raypeft.search.space import REPEAT_PREFIX
-
-REPEAT_OF = f"{REPEAT_PREFIX}of"  # the trial id a repeat re-trains
+from raypeft.config.schema import REPEAT_OF
+from raypeft.search.results import TrialResult, trial_results
+from raypeft.search.searcher import Constraints, ResolvedObjective
+from raypeft.search.tuner import TuneRunner, max_concurrent
 
 
 class FixedConfigs(Searcher):
@@ -68,45 +71,71 @@ class RepeatGroup:
 
 
 def top_trials(
-    rows: list[tuple[str, dict, dict]], key: str, mode: str, top_k: int, max_steps: int
-) -> list[tuple[str, dict, dict]]:
-    """The ``top_k`` best ``(trial_id, config, metrics)`` rows by ``key``.
+    trials: list[TrialResult], key: str, mode: str, top_k: int, max_steps: int
+) -> list[TrialResult]:
+    """The ``top_k`` best trials by ``key``.
 
     Trials that ran to the end are preferred: a trial the scheduler stopped early has a
     low-fidelity score, and is only taken when too few trials finished.
     """
     sign = 1 if mode == "max" else -1
-    scored = [r for r in rows if isinstance(r[2].get(key), (int, float))]
-    scored.sort(key=lambda r: (r[2].get("step", 0) >= max_steps, sign * r[2][key]), reverse=True)
+    scored = [t for t in trials if t.has_number(key)]
+    scored.sort(key=lambda t: (t.reached(max_steps), sign * t.metrics[key]), reverse=True)
     return scored[:top_k]
 
 
-def repeat_configs(top: list[tuple[str, dict, dict]], base_seed: int, seeds: int) -> list[dict]:
+def repeat_configs(top: list[TrialResult], base_seed: int, seeds: int) -> list[dict]:
     """Tune configs of the repeats: each top config with seeds ``seed + 1 .. seed + n``."""
     out = []
-    for trial_id, config, _ in top:
-        seed = int(config.get("train.seed", base_seed))
+    for trial in top:
+        seed = int(trial.config.get("train.seed", base_seed))
         for i in range(1, seeds + 1):
-            out.append({**config, "train.seed": seed + i, REPEAT_OF: trial_id})
+            out.append({**trial.config, "train.seed": seed + i, REPEAT_OF: trial.trial_id})
     return out
 
 
 def group_repeats(
-    top: list[tuple[str, dict, dict]],
-    repeats: list[tuple[str, dict, dict]],
-    key: str,
-    base_seed: int,
+    top: list[TrialResult], repeats: list[TrialResult], key: str, base_seed: int
 ) -> list[RepeatGroup]:
     """Each top configuration with its original score and its repeats' scores, by seed."""
     groups = {}
-    for trial_id, config, metrics in top:
-        group = RepeatGroup(trial_id, config)
-        seed = int(config.get("train.seed", base_seed))
-        group.scores[seed], group.trial_ids[seed] = float(metrics[key]), trial_id
-        groups[trial_id] = group
-    for trial_id, config, metrics in repeats:
-        group = groups.get(config.get(REPEAT_OF))
-        if group is not None and isinstance(metrics.get(key), (int, float)):
-            seed = int(config["train.seed"])
-            group.scores[seed], group.trial_ids[seed] = float(metrics[key]), trial_id
+    for trial in top:
+        group = RepeatGroup(trial.trial_id, trial.config)
+        seed = int(trial.config.get("train.seed", base_seed))
+        group.scores[seed], group.trial_ids[seed] = float(trial.metrics[key]), trial.trial_id
+        groups[trial.trial_id] = group
+    for trial in repeats:
+        group = groups.get(trial.config.get(REPEAT_OF))
+        if group is not None and trial.has_number(key):
+            seed = int(trial.config["train.seed"])
+            group.scores[seed], group.trial_ids[seed] = float(trial.metrics[key]), trial.trial_id
     return list(groups.values())
+
+
+def run_repeats(
+    runner: TuneRunner,
+    trials: list[TrialResult],
+    primary: ResolvedObjective,
+    constraints: Constraints,
+    search_name: str,
+    say: Callable[[str], None],
+) -> list[RepeatGroup]:
+    """Train the top configurations again with more seeds (``search.repeat_best``), as the
+    Tune experiment ``<search_name>-repeats``; returns them grouped by configuration."""
+    cfg = runner.cfg
+    spec = cfg.search.repeat_best
+    feasible = [t for t in trials if constraints.feasible(t.metrics)] or trials
+    top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k, cfg.train.max_steps)
+    configs = repeat_configs(top, cfg.train.seed, spec.seeds)
+    say(f"Repeating the top {len(top)} configurations with {spec.seeds} more seeds each ...")
+    results = runner.fit(
+        f"{search_name}-repeats",
+        lambda: ConcurrencyLimiter(
+            FixedConfigs(configs, primary.result_key, primary.mode),
+            max_concurrent=max_concurrent(cfg),
+        ),
+        FIFOScheduler,  # repeats run to the end: their scores are compared as means
+        len(configs),
+    )
+    runner.tracker.collect_results(results)
+    return group_repeats(top, trial_results(results), primary.result_key, cfg.train.seed)

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from raypeft.errors import ConfigError
 
@@ -28,7 +31,7 @@ def local_nodes() -> list[dict[str, float]]:
     ``raypeft tune`` starts it) and its CUDA GPUs (torch imported only here)."""
     cpus = float(os.cpu_count() or 1)
     try:
-        import torch
+        import torch  # why: inside the try: a missing or broken torch means no usable GPU
 
         gpus = float(torch.cuda.device_count()) if torch.cuda.is_available() else 0.0
     except Exception:  # no torch, or a broken CUDA set-up: no usable GPU
@@ -113,10 +116,7 @@ def cluster_nodes(bootstrap_config: str = BOOTSTRAP_CONFIG) -> list[dict[str, fl
     types of its launcher file (each up to its ``max_workers``) count as nodes it can provide.
     Needs ``ray.init(address=...)`` first.
     """
-    from pathlib import Path
-
-    import ray
-    import yaml
+    import ray  # why: the CLI imports this module for its local check, without Ray
 
     nodes = [
         {k: float(v) for k, v in n["Resources"].items()} for n in ray.nodes() if n.get("Alive")

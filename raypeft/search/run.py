@@ -1,260 +1,234 @@
-"""Assemble and run one search: Ray Tune + Optuna + ASHA over trials that train with Ray.
+"""One search, in five phases: prepare -> open records -> fit -> analyse -> finish.
 
-Flow (see README): validate -> tokenise the task once on the driver -> put it in Ray's
-object store -> Tuner with OptunaSearch (define-by-run space) and ASHA -> each trial trains
-in-process (one worker) or in a Ray Train TorchTrainer (one or more workers) -> every trial
-mirrored to a nested MLflow run -> the best configuration evaluated once on the test split.
+- prepare: everything that can still fail on the input, before anything is recorded (the
+  tracking store answers, the search to resume, the task tokenised once, objectives,
+  backbone dimensions, per-example features computed once, a cluster that fits a trial);
+- open records: the Optuna study, the MLflow parent run (or the interrupted one), the
+  tracker that mirrors every trial to a nested run, a local Ray;
+- fit: Ray Tune with Optuna's searcher and the scheduler, the task in Ray's object store,
+  each trial training in-process or through Ray Train (:mod:`raypeft.search.tuner`);
+- analyse: failures, the best trial, the Pareto front, repeated seeds of the top ones;
+- finish: the chosen configuration scored once on the test split, the parent run closed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import math
-import os
-import statistics
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
+import optuna
 import ray
-import torch
-from mlflow.entities import RunTag
+from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
-from ray import tune
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
-from ray.tune.search import ConcurrencyLimiter
+from ray.tune import ResultGrid
 
 from raypeft.config.redact import redact_uri
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask, prepare_task
 from raypeft.errors import ConfigError
-from raypeft.modeling.backbones import backbone_dims, load_config
-from raypeft.preflight import check_tracking_store
-from raypeft.search.interrupted import (
-    CONFIG_HASH_TAG,
-    TUNE_PATH_TAG,
-    config_hash,
-    find_interrupted_search,
+from raypeft.methods import BackboneDims
+from raypeft.modeling.backbones import backbone_dims, frozen_backbone, load_config
+from raypeft.search.interrupted import config_hash, find_interrupted_search
+from raypeft.search.outcome import (
+    Outcome,
+    SearchSummary,
+    choose_best,
+    parent_run_record,
+    score_on_test,
+    score_seeds_on_test,
+    tag_pareto_front,
 )
 from raypeft.search.progress import ProgressPrinter
 from raypeft.search.ray_session import init_ray
-from raypeft.search.repeats import (
-    FixedConfigs,
-    RepeatGroup,
-    group_repeats,
-    repeat_configs,
-    top_trials,
-)
+from raypeft.search.repeats import run_repeats
 from raypeft.search.resources import check_fits, cluster_nodes
+from raypeft.search.results import TrialResult, trial_results
 from raypeft.search.searcher import (
     Constraints,
-    PruningAwareSearch,
     ResolvedObjective,
-    build_sampler,
-    default_storage,
+    StudyPlan,
     fail_orphans,
-    open_storage,
-    pareto_front,
-    prepare_study,
-    remaining_grid_points,
+    plan_study,
     resolve_constraints,
     resolve_objectives,
 )
-from raypeft.search.space import DefineByRun, candidate_methods
-from raypeft.search.trial_runners import storage_path, trainable_for, use_ray_train
+from raypeft.search.space import candidate_methods
+from raypeft.search.trial_runners import storage_path
+from raypeft.search.tuner import (
+    TuneRunner,
+    experiment_path,
+    optuna_searcher,
+    scheduler,
+    warn_if_storage_not_shared,
+)
 from raypeft.tracking.callback import (
     MLflowTrialCallback,
     finish_parent_run,
     open_experiment,
     start_parent_run,
 )
-from raypeft.tracking.runs import DEFAULT_TRACKING_URI, check_store
-from raypeft.training.loop import evaluate, load_checkpoint, split_dataset
-from raypeft.training.result_keys import FAILURE_KEY
-
-
-@dataclass
-class SearchSummary:
-    """What a finished search found, and where its records are."""
-
-    experiment: str
-    tracking_uri: str
-    experiment_id: str
-    parent_run_id: str
-    best_trial_id: str
-    best_run_id: str | None
-    best_params: dict[str, Any]
-    metric: str
-    best_validation: dict[str, float]
-    test: dict[str, float]
-    num_trials: int
-    num_errors: int
-    storage_path: str
-    wall_s: float
-    trial_run_ids: dict[str, str] = field(default_factory=dict)
-    objectives: list[ResolvedObjective] = field(default_factory=list)
-    pareto: list[dict[str, Any]] = field(default_factory=list)  # multi-objective searches
-    repeats: list[RepeatGroup] = field(default_factory=list)  # search.repeat_best
-    num_pruned: int = 0
-    optuna_storage: str = ""
-    optuna_study: str = ""
-    constraints_met: bool = True
-
-
-# ----------------------------------------------------------------------------- trials
-
-
-class TrialNamer:
-    """Trial names like ``dept_3f2a1_00004`` in Tune's table and folders (picklable): the
-    trial's own method, where the space chooses ``method.name``."""
-
-    def __init__(self, method: str):
-        self.method = method
-
-    def __call__(self, trial) -> str:
-        return f"{trial.config.get('method.name', self.method)}_{trial.trial_id}"
-
-
-def _max_concurrent(cfg: ExperimentConfig) -> int:
-    if cfg.search.max_concurrent:
-        return cfg.search.max_concurrent
-    res = cfg.resources
-    cluster = ray.cluster_resources()
-    fits = cluster.get("CPU", 1) // (res.workers_per_trial * res.cpus_per_worker)
-    if res.use_gpu:
-        fits = min(fits, cluster.get("GPU", 0) // res.workers_per_trial)
-    return max(1, int(fits))
-
-
-@dataclass
-class StudyPlan:
-    """Where the Optuna study lives and what is left of its grid."""
-
-    storage_url: str
-    storage: Any  # the opened optuna RDBStorage, handed to the searcher
-    study_name: str
-    points: list[dict[str, Any]]  # grid points still to run (all of them in a new study)
-    finished_before: int  # trials of earlier searches of the same study
-
-
-def plan_study(
-    cfg: ExperimentConfig, tracking_uri: str, modes: list[str], resuming: bool = False
-) -> StudyPlan:
-    """Open (or create) the persisted study; skip grid points an earlier search ran."""
-    url = cfg.search.storage or default_storage(tracking_uri)
-    name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
-    storage = open_storage(url)  # opened once: prepared here, then used by the searcher
-    finished = prepare_study(storage, name, modes, resuming=resuming)
-    grid = [] if cfg.search.sampler == "grid" else cfg.grid_points()
-    return StudyPlan(url, storage, name, remaining_grid_points(grid, finished), len(finished))
-
-
-def _searcher(
-    cfg: ExperimentConfig,
-    dims,
-    objectives: list[ResolvedObjective],
-    constraints: Constraints,
-    plan: StudyPlan,
-    parent_run_id: str,
-):
-    multi = len(objectives) > 1
-    search = PruningAwareSearch(
-        space=DefineByRun(cfg, dims),
-        metric=[o.result_key for o in objectives] if multi else objectives[0].result_key,
-        mode=[o.mode for o in objectives] if multi else objectives[0].mode,
-        sampler=build_sampler(cfg),
-        points_to_evaluate=plan.points or None,
-        storage=plan.storage,
-        study_name=plan.study_name,
-        max_steps=cfg.train.max_steps,
-        objectives=objectives,
-        constraints=constraints,
-        parent_run_id=parent_run_id,
-    )
-    return ConcurrencyLimiter(search, max_concurrent=_max_concurrent(cfg))
-
-
-def _scheduler(cfg: ExperimentConfig, metric: str, mode: str):
-    sched = cfg.search.scheduler
-    if sched.type == "none":
-        return FIFOScheduler()
-    # one Tune iteration = one evaluation (every train.eval_every steps)
-    max_t = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
-    grace = min(sched.grace_period, max_t)
-    if sched.type == "median":
-        return MedianStoppingRule(
-            time_attr="training_iteration",
-            metric=metric,
-            mode=mode,
-            grace_period=grace,
-            min_samples_required=sched.min_samples_required,
-            # never pause a trial to let a waiting one run: a paused function trainable would
-            # start again from step 0 (its checkpoints keep the best weights, not the
-            # optimizer), and could cycle forever
-            min_time_slice=math.inf,
-        )
-    # asha; hyperband = asynchronous HyperBand: ASHA over several brackets. (Ray's synchronous
-    # HyperBandScheduler pauses and resumes trials, which needs resumable optimizer state.)
-    return ASHAScheduler(
-        time_attr="training_iteration",
-        metric=metric,
-        mode=mode,
-        max_t=max_t,
-        grace_period=grace,
-        reduction_factor=sched.reduction_factor,
-        brackets=sched.brackets if sched.type == "hyperband" else 1,
-    )
-
-
-def _quiet_loggers() -> None:
-    """Library chatter the user cannot act on (MLflow table creation, new Optuna studies)."""
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    logging.getLogger("mlflow").setLevel(logging.WARNING)
+from raypeft.tracking.runs import tracking_uri
+from raypeft.tracking.stores import check_store, check_tracking_store
+from raypeft.tracking.tags import (
+    CONFIG_HASH_TAG,
+    METRIC_TAG,
+    MODE_TAG,
+    OBJECTIVES_TAG,
+    OPTUNA_STORAGE_TAG,
+    OPTUNA_STUDY_TAG,
+    TUNE_PATH_TAG,
+)
 
 
 class SearchFailed(RuntimeError):
     """No trial produced a result (every trial failed); the message says where to look."""
 
 
-def _build_tuner(cfg, data_ref, search_alg, scheduler, num_samples, callbacks, name: str):
-    return tune.Tuner(
-        trainable_for(cfg, data_ref),
-        tune_config=tune.TuneConfig(
-            search_alg=search_alg,
-            scheduler=scheduler,
-            num_samples=num_samples,
-            reuse_actors=not use_ray_train(cfg),
-            trial_name_creator=TrialNamer(cfg.method.name),
-            trial_dirname_creator=TrialNamer(cfg.method.name),
-        ),
-        run_config=tune.RunConfig(
-            name=name,
-            storage_path=storage_path(cfg),
-            callbacks=callbacks,
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-            # a trial whose actor dies restarts from its latest checkpoint (full state)
-            failure_config=tune.FailureConfig(max_failures=cfg.run.max_failures),
-            verbose=0,  # raypeft's own progress table (ProgressPrinter) instead of Tune's
-        ),
+@dataclass(frozen=True)
+class SearchOptions:
+    """How the search was asked for, beside its experiment (the CLI's flags)."""
+
+    address: str | None = None  # a Ray cluster to join; None starts a local Ray
+    quiet: bool = False
+    source: str = "<memory>"  # the experiment file, as the parent run records it
+    printer: Callable[..., None] = print
+    progress_interval: float = 30.0  # seconds between two live tables
+    resume: bool = False  # continue the experiment's interrupted search
+
+    def say(self, *args) -> None:
+        """A line for the user; nothing when quiet."""
+        if not self.quiet:
+            self.printer(*args)
+
+
+@dataclass
+class Prepared:
+    """What the search knows before it records anything: the checked input and its task."""
+
+    cfg: ExperimentConfig
+    tracking_uri: str
+    data: TokenizedTask  # tokenised once, per-example features included
+    objectives: list[ResolvedObjective]
+    constraints: Constraints
+    dims: BackboneDims
+    client: MlflowClient | None  # opened already when resuming (to find the search)
+    interrupted: tuple[str, Run] | None  # --resume: (experiment id, its parent run)
+
+    @property
+    def primary(self) -> ResolvedObjective:
+        return self.objectives[0]
+
+
+@dataclass
+class Records:
+    """Where the search is recorded: the Optuna study, the MLflow parent run (new, or the
+    interrupted one), the tracker of the trials' runs, the Tune experiment's name."""
+
+    study: StudyPlan
+    client: MlflowClient
+    experiment_id: str
+    parent_run_id: str
+    tune_name: str  # its folder under run.storage_path
+    tracker: MLflowTrialCallback
+    resuming: bool
+
+    def fail_if_running(self) -> None:
+        """A search that ends in an error leaves its parent run FAILED, not RUNNING."""
+        if self.client.get_run(self.parent_run_id).info.status == "RUNNING":
+            self.client.set_terminated(self.parent_run_id, "FAILED")
+
+
+@dataclass
+class Fitted:
+    """The search's Tune results, and the runner that trains the repeats (if any)."""
+
+    runner: TuneRunner
+    results: ResultGrid
+
+
+def run_experiment(
+    cfg: ExperimentConfig,
+    *,
+    address: str | None = None,
+    quiet: bool = False,
+    source: str = "<memory>",
+    printer=print,
+    progress_interval: float = 30.0,
+    resume: bool = False,
+) -> SearchSummary:
+    """Run the whole search described by ``cfg`` and return its summary.
+
+    ``resume``: continue the experiment's interrupted search (its driver died) instead of
+    starting a new one: the same MLflow runs, Tune experiment and Optuna study.
+    """
+    start = time.time()
+    opts = SearchOptions(address, quiet, source, printer, progress_interval, resume)
+    prep = prepare(cfg, opts)
+    records = open_records(prep, opts)
+    try:
+        fitted = fit(prep, records, opts)
+        outcome = analyse(prep, records, fitted, opts)
+        return finish(prep, records, outcome, opts, start)
+    except BaseException:
+        records.fail_if_running()
+        raise
+
+
+# ----------------------------------------------------------------------------- prepare
+
+
+def prepare(cfg: ExperimentConfig, opts: SearchOptions) -> Prepared:
+    """Check what can still fail before any store, study or run is created: the tracking
+    store, the search to resume, the task (tokenised once), the objectives and constraints,
+    the backbone's dimensions, shared per-example features, and a cluster's room."""
+    _quiet_loggers()
+    uri = tracking_uri(cfg.tracking.uri)
+    check_tracking_store(uri, redact_uri(uri))  # first: a dead server fails in seconds
+    client, interrupted = _find_interrupted(cfg, uri, opts.source) if opts.resume else (None, None)
+    opts.say(
+        f"Preparing task {cfg.task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ..."
     )
+    data = prepare_task(cfg.task, cfg.model)
+    check_batch_fits(cfg, data)
+    objectives = resolve_objectives(cfg, data.spec.metrics)
+    constraints = resolve_constraints(cfg, data.spec.metrics)
+    config = load_config(cfg.model, data.num_labels, data.spec.problem)
+    dims = backbone_dims(config, cfg.model.max_length, cfg.model.name)
+    sizes = "/".join(str(data.size(split)) for split in ("train", "validation", "test"))
+    primary = objectives[0]
+    opts.say(
+        f"  train/validation/test: {sizes} examples, {data.num_labels} labels, "
+        f"{primary.name} ({primary.mode})"
+    )
+    # shared per-example features and artefacts (IPT's corpus) before anything is recorded:
+    # what fails here leaves no store, study or run behind
+    precompute_features(cfg, data, opts.say)
+    if opts.address:  # a cluster: can it ever place one trial? (locally the CLI checked already)
+        _join_cluster(cfg, opts)
+    return Prepared(cfg, uri, data, objectives, constraints, dims, client, interrupted)
 
 
-def _warn_if_storage_not_shared(cfg: ExperimentConfig, say) -> None:
-    """Trials on other machines write their checkpoints to their own disks when
-    ``run.storage_path`` is a local folder; the driver then cannot read them."""
-    if "://" in storage_path(cfg):
-        return
-    machines = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
-    if len(machines) > 1:
-        say(
-            f"  warning: run.storage_path {storage_path(cfg)} is a local folder, but the "
-            f"cluster spans {len(machines)} machines: give shared storage (s3://..., NFS)"
-        )
+def _quiet_loggers() -> None:
+    """Library chatter the user cannot act on (MLflow table creation, new Optuna studies)."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    logging.getLogger("mlflow").setLevel(logging.WARNING)
+
+
+def _find_interrupted(
+    cfg: ExperimentConfig, uri: str, source: str
+) -> tuple[MlflowClient, tuple[str, Run]]:
+    """``--resume`` needs the store (never create an empty one) and a search in it."""
+    try:
+        check_store(uri)
+    except ConfigError as exc:
+        raise ConfigError(f"--resume: {exc}") from None
+    client = MlflowClient(tracking_uri=uri)
+    return client, find_interrupted_search(client, cfg, source)
 
 
 def check_batch_fits(cfg: ExperimentConfig, data: TokenizedTask) -> None:
@@ -281,52 +255,6 @@ def _discrete_values(param) -> list:
     return []
 
 
-def experiment_path(cfg: ExperimentConfig, name: str) -> str:
-    """Where Ray Tune keeps the experiment called ``name`` (a folder or a URI)."""
-    storage = storage_path(cfg)
-    return f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage) / name)
-
-
-def _tag_parent(client, parent_run_id, cfg, objectives, plan, name) -> None:
-    """What `raypeft report`, `predict`, `--resume` and optuna-dashboard users need."""
-    primary = objectives[0]
-    tags = {
-        "raypeft.metric": primary.name,
-        "raypeft.mode": primary.mode,
-        "raypeft.optuna_storage": redact_uri(plan.storage_url),
-        "raypeft.optuna_study": plan.study_name,
-        TUNE_PATH_TAG: redact_uri(experiment_path(cfg, name)),
-        CONFIG_HASH_TAG: config_hash(cfg),
-    }
-    if len(objectives) > 1:
-        tags["raypeft.objectives"] = json.dumps(
-            [{"metric": o.name, "mode": o.mode} for o in objectives]
-        )
-    client.log_batch(parent_run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-
-
-def _fit(cfg, data_ref, make_searcher, make_scheduler, num_samples, callbacks, name, resume):
-    """Run a Tune experiment, or with ``resume`` continue the interrupted one of that name:
-    finished trials are kept, unfinished ones continue from their latest checkpoints."""
-    path = experiment_path(cfg, name)
-    if resume and tune.Tuner.can_restore(path):
-        tuner = tune.Tuner.restore(
-            path,
-            trainable=trainable_for(cfg, data_ref),
-            resume_unfinished=True,
-            resume_errored=False,  # they failed for good (out of retries)
-        )
-        # Tuner.restore brings back the callbacks pickled when the search started, and Ray
-        # 2.60 takes no new ones; the resumed search must log through this process's tracker
-        # (it knows the runs adopted from MLflow). Tune then restores their saved state.
-        tuner._local_tuner.get_run_config().callbacks = callbacks
-    else:
-        tuner = _build_tuner(
-            cfg, data_ref, make_searcher(), make_scheduler(), num_samples, callbacks, name
-        )
-    return tuner.fit()
-
-
 def precompute_features(cfg: ExperimentConfig, data: TokenizedTask, say=print) -> None:
     """Compute every per-example feature any trial can ask for, once, on the driver.
 
@@ -342,374 +270,239 @@ def precompute_features(cfg: ExperimentConfig, data: TokenizedTask, say=print) -
         key = method.model_dump_json()
         if key not in warmed:  # shared artefacts (IPT's pretrained table), built once
             warmed.add(key)
-            method.warm_up(cfg.model)
+            method.warm_up(frozen_backbone(cfg.model))
     for key, spec in specs.items():
         if key in data.features:
             continue
         start = time.perf_counter()
         data.features[key] = {
-            split: spec.compute(data.texts[split], arrays, cfg.model)
+            split: spec.compute(data.texts[split], arrays, frozen_backbone(cfg.model))
             for split, arrays in data.splits.items()
         }
         say(f"  computed {key} once for all trials ({time.perf_counter() - start:.1f} s)")
 
 
-def score_on_test(cfg: ExperimentConfig, data: TokenizedTask, folder: Path) -> dict[str, float]:
-    """Evaluate a checkpoint once on the test split (the chosen configuration only)."""
-    torch.set_num_threads(os.cpu_count() or 1)
-    trial_cfg, model = load_checkpoint(folder, data)
-    scores = evaluate(
-        model,
-        split_dataset(data, trial_cfg, "test"),
-        data.spec.metrics,
-        cfg.train.eval_batch_size,
-        torch.device("cpu"),
-    )
-    test = {f"test_{k}": v for k, v in scores.items()}
-    if data.spec.problem == "classification":
-        # what always answering the most frequent test label scores: the bar to beat
-        counts = np.bincount(data.splits["test"]["labels"])
-        test["test_majority_class_accuracy"] = float(counts.max() / counts.sum())
-    return test
-
-
-Row = tuple[str, dict, dict]  # (trial id, Tune config, last result)
-
-
-def _rows(results) -> list[Row]:
-    """``(trial id, config, last metrics)`` of every trial that reported anything."""
-    return [
-        (r.metrics["trial_id"], dict(r.config), dict(r.metrics))
-        for r in results
-        if r.metrics and "trial_id" in r.metrics
-    ]
-
-
-def choose_best(
-    rows: list[Row], objective: ResolvedObjective, constraints: Constraints
-) -> tuple[Row | None, bool]:
-    """The best row by the primary objective among those meeting the constraints.
-
-    Returns ``(row, constraints_met)``; when no trial meets them, the best of all is returned
-    with ``False`` (the summary says so).
-    """
-    key, sign = objective.result_key, (1 if objective.mode == "max" else -1)
-    scored = [
-        r for r in rows if isinstance(r[2].get(key), (int, float)) and math.isfinite(r[2][key])
-    ]
-    feasible = [r for r in scored if constraints.feasible(r[2])]
-    pool = feasible or scored
-    if not pool:
-        return None, False
-    return max(pool, key=lambda r: sign * r[2][key]), bool(feasible) or not constraints
-
-
-def run_experiment(
-    cfg: ExperimentConfig,
-    *,
-    address: str | None = None,
-    quiet: bool = False,
-    source: str = "<memory>",
-    printer=print,
-    progress_interval: float = 30.0,
-    resume: bool = False,
-) -> SearchSummary:
-    """Run the whole search described by ``cfg`` and return its summary.
-
-    ``resume``: continue the experiment's interrupted search (its driver died) instead of
-    starting a new one: the same MLflow runs, Tune experiment and Optuna study.
-    """
-    start = time.time()
-    say = (lambda *_: None) if quiet else printer
-    _quiet_loggers()
-    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    check_tracking_store(uri, redact_uri(uri))  # first: a dead server fails in seconds
-    client = interrupted = None
-    if resume:  # resuming needs the store (never create an empty one) and a search in it
-        try:
-            check_store(uri)
-        except ConfigError as exc:
-            raise ConfigError(f"--resume: {exc}") from None
-        client = MlflowClient(tracking_uri=uri)
-        interrupted = find_interrupted_search(client, cfg, source)
-
-    say(f"Preparing task {cfg.task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ...")
-    data = prepare_task(cfg.task, cfg.model)
-    check_batch_fits(cfg, data)
-    objectives = resolve_objectives(cfg, data.spec.metrics)
-    constraints = resolve_constraints(cfg, data.spec.metrics)
-    primary = objectives[0]
-    metric, tune_metric, mode = primary.name, primary.result_key, primary.mode
-    config = load_config(cfg.model, data.num_labels, data.spec.problem)
-    dims = backbone_dims(config, cfg.model.max_length, cfg.model.name)
-    sizes = "/".join(str(data.size(split)) for split in ("train", "validation", "test"))
-    say(f"  train/validation/test: {sizes} examples, {data.num_labels} labels, {metric} ({mode})")
-    # shared per-example features and artefacts (IPT's corpus) before anything is recorded:
-    # what fails here leaves no store, study or run behind
-    precompute_features(cfg, data, say)
-
-    if address:  # a cluster: can it ever place one trial? (locally the CLI checked already)
-        init_ray(address, quiet)
-        try:
-            check_fits(cfg, cluster_nodes(), where=f"the cluster at {address}")
-        except ConfigError:
-            ray.shutdown()
-            raise
-
-    # the MLflow store and the Optuna study are opened (created) from here on
-    plan = plan_study(cfg, uri, [o.mode for o in objectives], resuming=interrupted is not None)
-    client = client or MlflowClient(tracking_uri=uri)  # creates a sqlite store's file
-    if not address:  # a local Ray, once nothing in the input can fail any more
-        init_ray(None, quiet)
-    if plan.finished_before and not interrupted:
-        skipped = len(cfg.grid_points()) - len(plan.points) if cfg.search.sampler != "grid" else 0
-        say(
-            f"  continuing Optuna study {plan.study_name!r} ({redact_uri(plan.storage_url)}): "
-            f"{plan.finished_before} earlier trials"
-            + (f", {skipped} grid points already run" if skipped else "")
-        )
-
-    if interrupted:
-        experiment_id, parent = interrupted
-        parent_run_id = parent.info.run_id
-        client.update_run(parent_run_id, status="RUNNING")
-        tune_path = parent.data.tags[TUNE_PATH_TAG]
-        name = tune_path.rstrip("/").rsplit("/", 1)[-1]
-        say(f"Resuming search {parent_run_id} from {tune_path} ...")
-    else:
-        experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
-        parent_run_id = start_parent_run(client, experiment_id, cfg, source)
-        name = f"{cfg.name}-{parent_run_id[:8]}"
-        _tag_parent(client, parent_run_id, cfg, objectives, plan, name)
-    tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, dims)
-    if interrupted:
-        tracker.adopt_existing_runs()  # its trials continue their own runs
-
-    def callbacks(num_samples: int) -> list:
-        """MLflow logging, and the live table unless quiet."""
-        if quiet:
-            return [tracker]
-        printer_cb = ProgressPrinter(
-            list(cfg.space),
-            tune_metric,
-            mode,
-            num_samples,
-            cfg.train.max_steps,
-            interval=progress_interval,
-            echo=printer,
-        )
-        return [tracker, printer_cb]
-
+def _join_cluster(cfg: ExperimentConfig, opts: SearchOptions) -> None:
+    """Join the cluster at ``--address`` and check it can ever place one trial."""
+    init_ray(opts.address, opts.quiet)
     try:
-        _warn_if_storage_not_shared(cfg, say)
-        data_ref = ray.put(data)  # tokenised once; every trial reads this one copy
-        say(
-            f"Searching: {cfg.search.num_samples} trials, sampler {cfg.search.sampler}, "
-            f"scheduler {cfg.search.scheduler.type} ..."
-        )
-        results = _fit(
-            cfg,
-            data_ref,
-            lambda: _searcher(cfg, dims, objectives, constraints, plan, parent_run_id),
-            lambda: _scheduler(cfg, tune_metric, mode),
-            cfg.search.num_samples,
-            callbacks(cfg.search.num_samples),
-            name,
-            resume=interrupted is not None,
-        )
-        tracker.collect_results(results)
-        if interrupted:
-            fail_orphans(plan.storage, plan.study_name, parent_run_id)
-        rows = _rows(results)
-        failed = [r for r in rows if FAILURE_KEY in r[2]]
-        errors = len(results.errors) + len(failed)
-        rows = [r for r in rows if FAILURE_KEY not in r[2]]
-        best, constraints_met = choose_best(rows, primary, constraints)
-        if best is None:
-            reasons = [str(e).strip().splitlines()[-1] for e in results.errors if str(e).strip()]
-            reasons += [str(r[2][FAILURE_KEY]) for r in failed]
-            first = reasons[0] if reasons else "no error"
-            raise SearchFailed(
-                f"no trial reported {tune_metric}: {errors} of {len(results)} trials failed "
-                f"(first: {first[:300]}); see MLflow run {parent_run_id}"
-            )
-        pruned = sum(1 for r in rows if r[2].get("step", 0) < cfg.train.max_steps)
-        pareto = _pareto(rows, objectives, constraints, cfg.train.max_steps, tracker)
-
-        repeats: list[RepeatGroup] = []
-        if cfg.search.repeat_best:
-            repeats = _run_repeats(
-                cfg,
-                data_ref,
-                rows,
-                primary,
-                constraints,
-                callbacks,
-                name,
-                say,
-                tracker,
-                resume=interrupted is not None,
-            )
-            ranked = sorted(repeats, key=lambda g: g.mean, reverse=mode == "max")
-            chosen = ranked[0]
-            best = next(r for r in rows if r[0] == chosen.trial_id)
-        best_trial_id, best_config, best_metrics = best
-        best_val = {
-            k[len("best_") :]: v
-            for k, v in best_metrics.items()
-            if k.startswith("best_val_") and isinstance(v, (int, float))
-        }
-        folder = tracker.best_checkpoint_dir(best_trial_id)
-        test = {}
-        if folder is not None:
-            say("Evaluating the best configuration on the test split ...")
-            test = score_on_test(cfg, data, folder)
-        if repeats:
-            test.update(_test_over_seeds(cfg, data, ranked[0], tracker, say))
-        summary = SearchSummary(
-            experiment=cfg.tracking.experiment or cfg.name,
-            tracking_uri=uri,
-            experiment_id=experiment_id,
-            parent_run_id=parent_run_id,
-            best_trial_id=best_trial_id,
-            best_run_id=tracker.run_ids.get(best_trial_id),
-            best_params=best_config,
-            metric=metric,
-            best_validation=best_val,
-            test=test,
-            num_trials=len(results),
-            num_errors=errors,
-            storage_path=str(Path(storage_path(cfg)) / name),
-            wall_s=time.time() - start,
-            trial_run_ids=dict(tracker.run_ids),
-            objectives=objectives,
-            pareto=pareto,
-            repeats=repeats,
-            num_pruned=pruned,
-            optuna_storage=plan.storage_url,
-            optuna_study=plan.study_name,
-            constraints_met=constraints_met,
-        )
-        extra = {
-            "num_trials": summary.num_trials,
-            "num_failed_trials": errors,
-            "num_pruned_trials": pruned,
-        }
-        for i, group in enumerate(ranked if repeats else []):
-            extra[f"repeat_{i}_mean_val_{metric}"] = group.mean
-            extra[f"repeat_{i}_std_val_{metric}"] = group.std
-        finish_parent_run(
-            client,
-            parent_run_id,
-            {
-                "trial_id": best_trial_id,
-                "run_id": summary.best_run_id,
-                "config": summary.best_params,
-                "metrics": {**{f"best_{k}": v for k, v in best_val.items()}, **test, **extra},
-                "tables": _tables(summary),
-            },
-            folder,
-        )
-        return summary
-    except BaseException:
-        if client.get_run(parent_run_id).info.status == "RUNNING":
-            client.set_terminated(parent_run_id, "FAILED")
+        check_fits(cfg, cluster_nodes(), where=f"the cluster at {opts.address}")
+    except ConfigError:
+        ray.shutdown()
         raise
 
 
-def _pareto(
-    rows: list[Row],
-    objectives: list[ResolvedObjective],
-    constraints: Constraints,
-    max_steps: int,
-    tracker: MLflowTrialCallback,
-) -> list[dict[str, Any]]:
-    """Multi-objective searches: the trials on the Pareto front (full-length, feasible)."""
-    if len(objectives) < 2:
-        return []
-    full = [
-        r
-        for r in rows
-        if r[2].get("step", 0) >= max_steps
-        and constraints.feasible(r[2])
-        and all(isinstance(r[2].get(o.result_key), (int, float)) for o in objectives)
-    ]
-    front = [full[i] for i in pareto_front([r[2] for r in full], objectives)]
-    out = []
-    for trial_id, config, metrics in front:
-        run_id = tracker.run_ids.get(trial_id)
-        if run_id:
-            tracker.client.set_tag(run_id, "raypeft.pareto_front", "true")
-        out.append(
-            {
-                "trial_id": trial_id,
-                "run_id": run_id,
-                "method": config.get("method.name", tracker.base.method.name),
-                **{o.name: metrics[o.result_key] for o in objectives},
-            }
-        )
-    return sorted(out, key=lambda p: p[objectives[0].name], reverse=objectives[0].mode == "max")
+# ----------------------------------------------------------------------------- open records
 
 
-def _run_repeats(cfg, data_ref, rows, primary, constraints, callbacks, name, say, tracker, resume):
-    """Train the top configurations again with more seeds (``search.repeat_best``)."""
-    spec = cfg.search.repeat_best
-    feasible = [r for r in rows if constraints.feasible(r[2])] or rows
-    top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k, cfg.train.max_steps)
-    configs = repeat_configs(top, cfg.train.seed, spec.seeds)
-    say(f"Repeating the top {len(top)} configurations with {spec.seeds} more seeds each ...")
-    results = _fit(
-        cfg,
-        data_ref,
-        lambda: ConcurrencyLimiter(
-            FixedConfigs(configs, primary.result_key, primary.mode),
-            max_concurrent=_max_concurrent(cfg),
-        ),
-        FIFOScheduler,  # repeats run to the end: their scores are compared as means
-        len(configs),
-        callbacks(len(configs)),
-        f"{name}-repeats",
-        resume=resume,
+def open_records(prep: Prepared, opts: SearchOptions) -> Records:
+    """Open (create) the Optuna study and the MLflow store, start a local Ray, then start the
+    parent run, or take up the interrupted one together with its trials' runs."""
+    cfg, interrupted = prep.cfg, prep.interrupted
+    modes = [o.mode for o in prep.objectives]
+    study = plan_study(cfg, prep.tracking_uri, modes, resuming=interrupted is not None)
+    client = prep.client or MlflowClient(tracking_uri=prep.tracking_uri)  # creates a sqlite file
+    if not opts.address:  # a local Ray, once nothing in the input can fail any more
+        init_ray(None, opts.quiet)
+    if study.finished_before and not interrupted:
+        _say_continuing(cfg, study, opts.say)
+    if interrupted:
+        experiment_id, parent_run_id, name = _take_up(client, interrupted, opts.say)
+    else:
+        experiment_id, parent_run_id, name = _start_parent(client, prep, study, opts.source)
+    tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, prep.dims)
+    if interrupted:
+        tracker.adopt_existing_runs()  # its trials continue their own runs
+    resuming = interrupted is not None
+    return Records(study, client, experiment_id, parent_run_id, name, tracker, resuming)
+
+
+def _say_continuing(cfg: ExperimentConfig, study: StudyPlan, say) -> None:
+    skipped = cfg.grid_size() - len(study.points) if cfg.search.sampler != "grid" else 0
+    say(
+        f"  continuing Optuna study {study.study_name!r} ({redact_uri(study.storage_url)}): "
+        f"{study.finished_before} earlier trials"
+        + (f", {skipped} grid points already run" if skipped else "")
     )
-    tracker.collect_results(results)
-    return group_repeats(top, _rows(results), primary.result_key, cfg.train.seed)
 
 
-def _test_over_seeds(cfg, data, group: RepeatGroup, tracker, say) -> dict[str, float]:
-    """Test metrics of every seed of the chosen configuration: mean and std."""
-    say(f"Evaluating the chosen configuration's {len(group.trial_ids)} seeds on the test split ...")
-    per_seed: dict[str, list[float]] = {}
-    for trial_id in group.trial_ids.values():
-        folder = tracker.best_checkpoint_dir(trial_id)
-        if folder is None:
-            continue
-        for key, value in score_on_test(cfg, data, folder).items():
-            per_seed.setdefault(key, []).append(value)
-    out = {}
-    for key, values in per_seed.items():
-        if key.endswith(("_loss", "samples_per_s", "majority_class_accuracy")):
-            continue
-        out[f"{key}_mean"] = statistics.fmean(values)
-        out[f"{key}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
-        out[f"{key}_seeds"] = float(len(values))
-    return out
+def _take_up(client: MlflowClient, interrupted: tuple[str, Run], say) -> tuple[str, str, str]:
+    """The interrupted search's parent run, RUNNING again: ``(experiment id, run id, Tune
+    experiment name)``."""
+    experiment_id, parent = interrupted
+    parent_run_id = parent.info.run_id
+    client.update_run(parent_run_id, status="RUNNING")
+    tune_path = parent.data.tags[TUNE_PATH_TAG]
+    say(f"Resuming search {parent_run_id} from {tune_path} ...")
+    return experiment_id, parent_run_id, tune_path.rstrip("/").rsplit("/", 1)[-1]
 
 
-def _tables(summary: SearchSummary) -> dict[str, Any]:
-    """JSON artefacts of the parent run: the Pareto front and the repeated seeds."""
-    tables: dict[str, Any] = {}
-    if summary.pareto:
-        tables["pareto_front.json"] = summary.pareto
-    if summary.repeats:
-        tables["repeats.json"] = [
-            {
-                "trial_id": g.trial_id,
-                "mean": g.mean,
-                "std": g.std,
-                "scores_by_seed": g.scores,
-                "trials_by_seed": g.trial_ids,
-                "config": g.config,
-            }
-            for g in summary.repeats
-        ]
-    return tables
+def _start_parent(
+    client: MlflowClient, prep: Prepared, study: StudyPlan, source: str
+) -> tuple[str, str, str]:
+    """A new parent run, tagged: ``(experiment id, run id, Tune experiment name)``."""
+    cfg = prep.cfg
+    experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
+    parent_run_id = start_parent_run(client, experiment_id, cfg, source)
+    name = f"{cfg.name}-{parent_run_id[:8]}"
+    _tag_parent(client, parent_run_id, prep, study, name)
+    return experiment_id, parent_run_id, name
+
+
+def _tag_parent(client, parent_run_id, prep: Prepared, study: StudyPlan, name: str) -> None:
+    """What `raypeft report`, `predict`, `--resume` and optuna-dashboard users need."""
+    cfg, objectives = prep.cfg, prep.objectives
+    tags = {
+        METRIC_TAG: prep.primary.name,
+        MODE_TAG: prep.primary.mode,
+        OPTUNA_STORAGE_TAG: redact_uri(study.storage_url),
+        OPTUNA_STUDY_TAG: study.study_name,
+        TUNE_PATH_TAG: redact_uri(experiment_path(cfg, name)),
+        CONFIG_HASH_TAG: config_hash(cfg),
+    }
+    if len(objectives) > 1:
+        tags[OBJECTIVES_TAG] = json.dumps([{"metric": o.name, "mode": o.mode} for o in objectives])
+    client.log_batch(parent_run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+
+# ----------------------------------------------------------------------------- fit
+
+
+def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
+    """Ray Tune with Optuna's searcher and the scheduler over the task in Ray's object store
+    (or the interrupted Tune experiment, continued); every trial mirrored to MLflow."""
+    cfg, primary = prep.cfg, prep.primary
+    warn_if_storage_not_shared(cfg, opts.say)
+    runner = TuneRunner(
+        cfg,
+        ray.put(prep.data),  # tokenised once; every trial reads this one copy
+        records.tracker,
+        live_table=None if opts.quiet else _live_table(prep, opts),
+        resume=records.resuming,
+    )
+    opts.say(
+        f"Searching: {cfg.search.num_samples} trials, sampler {cfg.search.sampler}, "
+        f"scheduler {cfg.search.scheduler.type} ..."
+    )
+    results = runner.fit(
+        records.tune_name,
+        lambda: optuna_searcher(
+            cfg, prep.dims, prep.objectives, prep.constraints, records.study, records.parent_run_id
+        ),
+        lambda: scheduler(cfg, primary.result_key, primary.mode),
+        cfg.search.num_samples,
+    )
+    records.tracker.collect_results(results)
+    if records.resuming:
+        fail_orphans(records.study.storage, records.study.study_name, records.parent_run_id)
+    return Fitted(runner, results)
+
+
+def _live_table(prep: Prepared, opts: SearchOptions) -> Callable[[int], ProgressPrinter]:
+    """The live trial table of a Tune experiment, given its number of trials."""
+    return functools.partial(
+        ProgressPrinter,
+        list(prep.cfg.space),
+        prep.primary.result_key,
+        prep.primary.mode,
+        max_steps=prep.cfg.train.max_steps,
+        interval=opts.progress_interval,
+        echo=opts.printer,
+    )
+
+
+# ----------------------------------------------------------------------------- analyse
+
+
+def analyse(prep: Prepared, records: Records, fitted: Fitted, opts: SearchOptions) -> Outcome:
+    """Count the failures, choose the best trial (among those meeting the constraints), tag
+    the Pareto front, and train the top configurations again with more seeds
+    (``search.repeat_best``): the best mean then wins."""
+    cfg, primary, results = prep.cfg, prep.primary, fitted.results
+    reported = trial_results(results)
+    failed = [t for t in reported if t.failed]
+    errors = len(results.errors) + len(failed)
+    trials = [t for t in reported if not t.failed]
+    best, constraints_met = choose_best(trials, primary, prep.constraints)
+    if best is None:
+        raise _no_result(results, failed, errors, primary.result_key, records.parent_run_id)
+    max_steps = cfg.train.max_steps
+    pruned = sum(1 for t in trials if not t.reached(max_steps))
+    pareto = tag_pareto_front(trials, prep.objectives, prep.constraints, max_steps, records.tracker)
+    outcome = Outcome(best, constraints_met, len(results), errors, pruned, pareto)
+    if cfg.search.repeat_best:
+        outcome.repeats = run_repeats(
+            fitted.runner, trials, primary, prep.constraints, records.tune_name, opts.say
+        )
+        outcome.ranked_repeats = sorted(
+            outcome.repeats, key=lambda g: g.mean, reverse=primary.mode == "max"
+        )
+        chosen = outcome.ranked_repeats[0]
+        outcome.best = next(t for t in trials if t.trial_id == chosen.trial_id)
+    return outcome
+
+
+def _no_result(
+    results: ResultGrid, failed: list[TrialResult], errors: int, key: str, parent_run_id: str
+) -> SearchFailed:
+    """Every trial failed: how many, the first reason, and where to look."""
+    reasons = [str(e).strip().splitlines()[-1] for e in results.errors if str(e).strip()]
+    reasons += [t.failure for t in failed]
+    first = reasons[0] if reasons else "no error"
+    return SearchFailed(
+        f"no trial reported {key}: {errors} of {len(results)} trials failed "
+        f"(first: {first[:300]}); see MLflow run {parent_run_id}"
+    )
+
+
+# ----------------------------------------------------------------------------- finish
+
+
+def finish(
+    prep: Prepared, records: Records, outcome: Outcome, opts: SearchOptions, start: float
+) -> SearchSummary:
+    """Score the chosen configuration once on the test split (every seed of it, with
+    repeats), then close the parent run with the best configuration, its metrics and model."""
+    cfg, data, tracker = prep.cfg, prep.data, records.tracker
+    folder = tracker.best_checkpoint_dir(outcome.best.trial_id)
+    test = {}
+    if folder is not None:
+        opts.say("Evaluating the best configuration on the test split ...")
+        test = score_on_test(cfg, data, folder)
+    if outcome.repeats:
+        chosen = outcome.ranked_repeats[0]
+        test.update(score_seeds_on_test(cfg, data, chosen, tracker, opts.say))
+    summary = _summary(prep, records, outcome, test, wall_s=time.time() - start)
+    record = parent_run_record(summary, outcome.ranked_repeats)
+    finish_parent_run(records.client, records.parent_run_id, record, folder)
+    return summary
+
+
+def _summary(
+    prep: Prepared, records: Records, outcome: Outcome, test: dict[str, float], wall_s: float
+) -> SearchSummary:
+    cfg, best, run_ids = prep.cfg, outcome.best, records.tracker.run_ids
+    return SearchSummary(
+        experiment=cfg.tracking.experiment or cfg.name,
+        tracking_uri=prep.tracking_uri,
+        experiment_id=records.experiment_id,
+        parent_run_id=records.parent_run_id,
+        best_trial_id=best.trial_id,
+        best_run_id=run_ids.get(best.trial_id),
+        best_params=best.config,
+        metric=prep.primary.name,
+        best_validation=best.best_validation(),
+        test=test,
+        num_trials=outcome.num_trials,
+        num_errors=outcome.num_errors,
+        storage_path=str(Path(storage_path(cfg)) / records.tune_name),
+        wall_s=wall_s,
+        trial_run_ids=dict(run_ids),
+        objectives=prep.objectives,
+        pareto=outcome.pareto,
+        repeats=outcome.repeats,
+        num_pruned=outcome.num_pruned,
+        optuna_storage=records.study.storage_url,
+        optuna_study=records.study.study_name,
+        constraints_met=outcome.constraints_met,
+    )

@@ -232,6 +232,29 @@ def remaining_grid_points(
     return [p for p in points if not any(matches(p, done) for done in finished)]
 
 
+@dataclass
+class StudyPlan:
+    """Where the Optuna study lives and what is left of its grid."""
+
+    storage_url: str
+    storage: Any  # the opened optuna RDBStorage, handed to the searcher
+    study_name: str
+    points: list[dict[str, Any]]  # grid points still to run (all of them in a new study)
+    finished_before: int  # trials of earlier searches of the same study
+
+
+def plan_study(
+    cfg: ExperimentConfig, tracking_uri: str, modes: list[str], resuming: bool = False
+) -> StudyPlan:
+    """Open (or create) the persisted study; skip grid points an earlier search ran."""
+    url = cfg.search.storage or default_storage(tracking_uri)
+    name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
+    storage = open_storage(url)  # opened once: prepared here, then used by the searcher
+    finished = prepare_study(storage, name, modes, resuming=resuming)
+    grid = [] if cfg.search.sampler == "grid" else cfg.grid_points()
+    return StudyPlan(url, storage, name, remaining_grid_points(grid, finished), len(finished))
+
+
 class PruningAwareSearch(OptunaSearch):
     """``OptunaSearch`` that tells Optuna which trials the scheduler pruned, and at what step.
 

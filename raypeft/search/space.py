@@ -16,6 +16,7 @@ import optuna
 from pydantic import ValidationError
 
 from raypeft.config.schema import (
+    DERIVED_PREFIX,
     ChoiceParam,
     ExperimentConfig,
     GridParam,
@@ -27,10 +28,6 @@ from raypeft.config.schema import (
     is_conditional,
 )
 from raypeft.methods import BackboneDims, MethodConfig
-
-DERIVED_PREFIX = "derived."
-REPEAT_PREFIX = "repeat."  # a re-run of a top configuration with another seed (search.repeat_best)
-_NOT_CONFIG = (DERIVED_PREFIX, REPEAT_PREFIX)  # trial keys that are records, not settings
 
 
 def suggest(trial: optuna.Trial, key: str, param: SpaceParam) -> Any:
@@ -83,13 +80,6 @@ class DefineByRun:
             **fixed,
             **derived_values(apply_trial_params(self.cfg, {**params, **fixed}), self.dims),
         }
-
-
-def trial_config(cfg: ExperimentConfig, tune_config: dict[str, Any]) -> ExperimentConfig:
-    """A trial's full config from Tune's flat ``{key: value}`` (derived and repeat records
-    dropped)."""
-    sampled = {k: v for k, v in tune_config.items() if not k.startswith(_NOT_CONFIG)}
-    return apply_trial_params(cfg, sampled)
 
 
 def candidate_methods(cfg: ExperimentConfig, limit: int = 4096) -> list[MethodConfig]:

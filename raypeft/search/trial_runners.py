@@ -14,9 +14,8 @@ import ray
 import torch
 from ray import tune
 
-from raypeft.config.schema import ExperimentConfig
+from raypeft.config.schema import ExperimentConfig, trial_config
 from raypeft.data import TokenizedTask
-from raypeft.search.space import trial_config
 from raypeft.training.loop import train
 
 # The Tune function that drives a Ray Train run needs no CPU of its own; Ray rejects an
@@ -72,6 +71,7 @@ def _checkpoint_folder(checkpoint):
 
 def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
     """Tune function trainable: run the trial as a Ray Train TorchTrainer (1+ workers)."""
+    # why: Ray Train's torch integration loads only in trials that use it
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
     from ray.tune.integration.ray_train import TuneReportCallback
@@ -107,7 +107,7 @@ def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: i
 
 def _train_worker(loop_config: dict) -> None:
     """One Ray Train worker: the same loop, with DDP when there are several workers."""
-    import ray.train
+    import ray.train  # why: Ray Train's torch integration loads only in its workers
     import ray.train.torch
 
     torch.set_num_threads(loop_config["threads"])

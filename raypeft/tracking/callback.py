@@ -16,19 +16,36 @@ import yaml
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+from pyarrow.fs import LocalFileSystem
+from ray.train import Checkpoint
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from raypeft.config.redact import redact_config, redact_params, redact_uri
-from raypeft.config.schema import EFFICIENCY_METRICS, ExperimentConfig, flatten
+from raypeft.config.schema import (
+    EFFICIENCY_METRICS,
+    REPEAT_OF,
+    ExperimentConfig,
+    flatten,
+    trial_config,
+)
 from raypeft.methods import BackboneDims
-from raypeft.search.repeats import REPEAT_OF
-from raypeft.search.space import trial_config
-from raypeft.tracking.runs import (
-    BEST_MODEL_ARTIFACTS,
-    MODEL_ARTIFACTS,
+from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS
+from raypeft.tracking.tags import (
+    BEST_RUN_TAG,
+    BEST_TRIAL_TAG,
+    ERROR_TAG,
+    METHOD_TAG,
+    REPEAT_OF_TAG,
+    RESTARTS_TAG,
+    ROLE_REPEAT,
+    ROLE_SEARCH,
     ROLE_TAG,
+    ROLE_TRIAL,
+    SPACE_FILE_TAG,
+    STOPPED_EARLY_TAG,
     TRIAL_ID_TAG,
+    result_tag,
 )
 from raypeft.training.result_keys import FAILURE_KEY, RESUMED_KEY, WORKER_KEYS
 from raypeft.training.resume import RESUME_DIR
@@ -66,9 +83,9 @@ def start_parent_run(
         experiment_id,
         run_name=cfg.name,
         tags={
-            ROLE_TAG: "experiment",
-            "raypeft.space_file": source,
-            "raypeft.method": cfg.method.name,
+            ROLE_TAG: ROLE_SEARCH,
+            SPACE_FILE_TAG: source,
+            METHOD_TAG: cfg.method.name,
         },
     )
     params = flatten(cfg.model_dump(mode="json", exclude={"space"}))
@@ -110,9 +127,6 @@ def checkpoint_dir(tune_checkpoint, train_checkpoint_path: str | None) -> Path |
     In-process trials report Tune checkpoints; Ray Train trials report their checkpoint's
     storage path as the ``checkpoint_path`` metric of the result that carried it.
     """
-    from pyarrow.fs import LocalFileSystem
-    from ray.train import Checkpoint
-
     checkpoint = tune_checkpoint
     if checkpoint is None and train_checkpoint_path:
         checkpoint = Checkpoint(train_checkpoint_path)
@@ -213,7 +227,7 @@ class MLflowTrialCallback(Callback):
                 status = "KILLED"
                 self.client.set_tag(
                     run_id,
-                    "raypeft.error",
+                    ERROR_TAG,
                     "interrupted with the search before Ray Tune recorded it",
                 )
             self.client.set_terminated(run_id, status)
@@ -222,7 +236,7 @@ class MLflowTrialCallback(Callback):
         run_id = self.run_ids.get(trial.trial_id)
         if run_id is not None:  # Ray restarts it from its latest checkpoint
             restarts = trial.run_metadata.num_failures
-            self.client.set_tag(run_id, "raypeft.restarts", str(restarts))
+            self.client.set_tag(run_id, RESTARTS_TAG, str(restarts))
 
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         if trial.trial_id in self.run_ids:  # restarted, or resumed with the search
@@ -236,11 +250,11 @@ class MLflowTrialCallback(Callback):
         tags = {
             MLFLOW_PARENT_RUN_ID: self.parent_run_id,
             TRIAL_ID_TAG: trial.trial_id,
-            ROLE_TAG: "repeat" if repeat_of else "trial",
-            "raypeft.method": cfg.method.name,
+            ROLE_TAG: ROLE_REPEAT if repeat_of else ROLE_TRIAL,
+            METHOD_TAG: cfg.method.name,
         }
         if repeat_of:  # a top configuration trained again with another seed
-            tags["raypeft.repeat_of"] = repeat_of
+            tags[REPEAT_OF_TAG] = repeat_of
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"{cfg.method.name}-{trial.trial_id}"
@@ -264,7 +278,7 @@ class MLflowTrialCallback(Callback):
             return
         self._tag_worker(trial.trial_id, run_id, result)
         if FAILURE_KEY in result:  # the loss diverged: the reason, for the MLflow UI
-            self.client.set_tag(run_id, "raypeft.error", str(result[FAILURE_KEY])[:5000])
+            self.client.set_tag(run_id, ERROR_TAG, str(result[FAILURE_KEY])[:5000])
             return
         step = int(result.get("step", result.get("training_iteration", 0)))
         if step <= self._logged_steps.get(trial.trial_id, -1):
@@ -279,9 +293,7 @@ class MLflowTrialCallback(Callback):
         where = {k: str(result[k]) for k in (*WORKER_KEYS, RESUMED_KEY) if k in result}
         if where and self._worker_tags.get(trial_id) != where:
             self._worker_tags[trial_id] = where
-            self.client.log_batch(
-                run_id, tags=[RunTag(f"raypeft.{k}", v) for k, v in where.items()]
-            )
+            self.client.log_batch(run_id, tags=[RunTag(result_tag(k), v) for k, v in where.items()])
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         run_id = self.run_ids.get(trial.trial_id)
@@ -296,7 +308,7 @@ class MLflowTrialCallback(Callback):
             self.client.set_terminated(run_id, "FAILED")
             return
         stopped_early = trial.last_result.get("step", 0) < self.base.train.max_steps
-        self.client.set_tag(run_id, "raypeft.stopped_early", str(stopped_early).lower())
+        self.client.set_tag(run_id, STOPPED_EARLY_TAG, str(stopped_early).lower())
         self.client.set_terminated(run_id, "FINISHED")
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info):
@@ -304,7 +316,7 @@ class MLflowTrialCallback(Callback):
         if run_id is None:
             return
         error = str(getattr(trial, "error_file", "") or "")
-        self.client.set_tag(run_id, "raypeft.error", redact_uri(_error_summary(trial) or error))
+        self.client.set_tag(run_id, ERROR_TAG, redact_uri(_error_summary(trial) or error))
         self.client.set_terminated(run_id, "FAILED")
 
 
@@ -327,8 +339,8 @@ def finish_parent_run(
         run_id,
         metrics=[Metric(k, float(v), 0, 0) for k, v in summary["metrics"].items()],
         tags=[
-            RunTag("raypeft.best_trial_id", summary["trial_id"]),
-            RunTag("raypeft.best_run_id", summary.get("run_id") or ""),
+            RunTag(BEST_TRIAL_TAG, summary["trial_id"]),
+            RunTag(BEST_RUN_TAG, summary.get("run_id") or ""),
         ],
     )
     log_params(client, run_id, {f"best.{k}": v for k, v in summary["config"].items()})

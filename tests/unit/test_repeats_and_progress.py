@@ -5,11 +5,12 @@ from __future__ import annotations
 import optuna
 from ray.tune.search import Searcher
 
-from raypeft.config.schema import validate_experiment
+from raypeft.config.schema import trial_config, validate_experiment
 from raypeft.methods import BackboneDims
 from raypeft.search.progress import ProgressPrinter
 from raypeft.search.repeats import FixedConfigs, group_repeats, repeat_configs, top_trials
-from raypeft.search.space import DefineByRun, trial_config
+from raypeft.search.results import TrialResult
+from raypeft.search.space import DefineByRun
 
 BASE = {
     "name": "s",
@@ -23,18 +24,19 @@ DIMS = BackboneDims(hidden_size=32, num_layers=2, vocab_size=100, max_length=16)
 
 def rows():
     return [
-        ("a", {"method.lr": 0.1}, {"best_val_accuracy": 0.60, "step": 30}),
-        ("b", {"method.lr": 0.2}, {"best_val_accuracy": 0.90, "step": 10}),  # stopped early
-        ("c", {"method.lr": 0.3}, {"best_val_accuracy": 0.70, "step": 30}),
-        ("d", {"method.lr": 0.4}, {}),  # failed
+        TrialResult("a", {"method.lr": 0.1}, {"best_val_accuracy": 0.60, "step": 30}),
+        TrialResult("b", {"method.lr": 0.2}, {"best_val_accuracy": 0.90, "step": 10}),  # early
+        TrialResult("c", {"method.lr": 0.3}, {"best_val_accuracy": 0.70, "step": 30}),
+        TrialResult("d", {"method.lr": 0.4}, {}),  # failed
     ]
 
 
 def test_top_trials_prefer_full_length_trials():
     top = top_trials(rows(), "best_val_accuracy", "max", 2, 30)
-    assert [r[0] for r in top] == ["c", "a"]  # b's 0.9 is a low-fidelity score
-    assert [r[0] for r in top_trials(rows(), "best_val_accuracy", "max", 3, 30)] == ["c", "a", "b"]
-    assert [r[0] for r in top_trials(rows(), "best_val_accuracy", "min", 1, 30)] == ["a"]
+    assert [t.trial_id for t in top] == ["c", "a"]  # b's 0.9 is a low-fidelity score
+    top3 = top_trials(rows(), "best_val_accuracy", "max", 3, 30)
+    assert [t.trial_id for t in top3] == ["c", "a", "b"]
+    assert [t.trial_id for t in top_trials(rows(), "best_val_accuracy", "min", 1, 30)] == ["a"]
 
 
 def test_repeat_configs_and_groups():
@@ -47,10 +49,10 @@ def test_repeat_configs_and_groups():
         {"method.lr": 0.1, "train.seed": 9, "repeat.of": "a"},
     ]
     repeats = [
-        ("r1", configs[0], {"best_val_accuracy": 0.50}),
-        ("r2", configs[1], {"best_val_accuracy": 0.60}),
-        ("r3", configs[2], {"best_val_accuracy": 0.62}),
-        ("r4", configs[3], {}),  # failed: left out of the mean
+        TrialResult("r1", configs[0], {"best_val_accuracy": 0.50}),
+        TrialResult("r2", configs[1], {"best_val_accuracy": 0.60}),
+        TrialResult("r3", configs[2], {"best_val_accuracy": 0.62}),
+        TrialResult("r4", configs[3], {}),  # failed: left out of the mean
     ]
     c, a = group_repeats(top, repeats, "best_val_accuracy", base_seed=7)
     assert c.scores == {7: 0.70, 8: 0.50, 9: 0.60} and c.trial_ids == {7: "c", 8: "r1", 9: "r2"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from raypeft.search.run import TrialNamer
+from raypeft.search.tuner import TrialNamer
 
 
 def test_trial_name_is_the_chosen_method():

@@ -1,0 +1,54 @@
+"""A trial as the search reads it once Tune is done: its id, its config, its last metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ray.tune import ResultGrid
+
+from raypeft.training.result_keys import FAILURE_KEY
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One trial's Tune config (flat ``{key: value}``) and the last result it reported."""
+
+    trial_id: str
+    config: dict[str, Any]
+    metrics: dict[str, Any]
+
+    @property
+    def failed(self) -> bool:
+        """The trial reported its own failure (a diverged loss) instead of going on."""
+        return FAILURE_KEY in self.metrics
+
+    @property
+    def failure(self) -> str:
+        """Why it failed, as it reported it (only for a failed trial)."""
+        return str(self.metrics[FAILURE_KEY])
+
+    def reached(self, max_steps: int) -> bool:
+        """Trained to the end; else the scheduler stopped it early (a low-fidelity score)."""
+        return self.metrics.get("step", 0) >= max_steps
+
+    def has_number(self, key: str) -> bool:
+        """``key`` is among its metrics, as a number."""
+        return isinstance(self.metrics.get(key), (int, float))
+
+    def best_validation(self) -> dict[str, float]:
+        """The best validation metrics it reached: ``{"val_accuracy": ...}``."""
+        return {
+            key[len("best_") :]: value
+            for key, value in self.metrics.items()
+            if key.startswith("best_val_") and isinstance(value, (int, float))
+        }
+
+
+def trial_results(results: ResultGrid) -> list[TrialResult]:
+    """Every trial of a Tune experiment that reported anything."""
+    return [
+        TrialResult(r.metrics["trial_id"], dict(r.config), dict(r.metrics))
+        for r in results
+        if r.metrics and "trial_id" in r.metrics
+    ]

@@ -1,0 +1,209 @@
+"""The Ray Tune side of a search: the searcher, the scheduler, the Tuner, and running it.
+
+A search runs one Tune experiment (Optuna's searcher and the configured scheduler), and with
+``search.repeat_best`` a second one (fixed configurations, run to the end). Both train over
+the one copy of the task in Ray's object store and log through the one MLflow tracker; with
+``--resume`` each continues the interrupted experiment of its name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import tune
+from ray.tune import Callback, ResultGrid
+from ray.tune.schedulers import (
+    ASHAScheduler,
+    FIFOScheduler,
+    MedianStoppingRule,
+    TrialScheduler,
+)
+from ray.tune.search import ConcurrencyLimiter, Searcher
+
+from raypeft.config.schema import ExperimentConfig
+from raypeft.methods import BackboneDims
+from raypeft.search.searcher import (
+    Constraints,
+    PruningAwareSearch,
+    ResolvedObjective,
+    StudyPlan,
+    build_sampler,
+)
+from raypeft.search.space import DefineByRun
+from raypeft.search.trial_runners import storage_path, trainable_for, use_ray_train
+from raypeft.tracking.callback import MLflowTrialCallback
+
+
+class TrialNamer:
+    """Trial names like ``dept_3f2a1_00004`` in Tune's table and folders (picklable): the
+    trial's own method, where the space chooses ``method.name``."""
+
+    def __init__(self, method: str):
+        self.method = method
+
+    def __call__(self, trial) -> str:
+        return f"{trial.config.get('method.name', self.method)}_{trial.trial_id}"
+
+
+def max_concurrent(cfg: ExperimentConfig) -> int:
+    """``search.max_concurrent``, else as many trials as the cluster's CPUs (GPUs) hold."""
+    if cfg.search.max_concurrent:
+        return cfg.search.max_concurrent
+    res = cfg.resources
+    cluster = ray.cluster_resources()
+    fits = cluster.get("CPU", 1) // (res.workers_per_trial * res.cpus_per_worker)
+    if res.use_gpu:
+        fits = min(fits, cluster.get("GPU", 0) // res.workers_per_trial)
+    return max(1, int(fits))
+
+
+def optuna_searcher(
+    cfg: ExperimentConfig,
+    dims: BackboneDims,
+    objectives: list[ResolvedObjective],
+    constraints: Constraints,
+    study: StudyPlan,
+    parent_run_id: str,
+) -> ConcurrencyLimiter:
+    """Optuna's define-by-run searcher on the persisted study, at most
+    :func:`max_concurrent` trials at a time."""
+    multi = len(objectives) > 1
+    search = PruningAwareSearch(
+        space=DefineByRun(cfg, dims),
+        metric=[o.result_key for o in objectives] if multi else objectives[0].result_key,
+        mode=[o.mode for o in objectives] if multi else objectives[0].mode,
+        sampler=build_sampler(cfg),
+        points_to_evaluate=study.points or None,
+        storage=study.storage,
+        study_name=study.study_name,
+        max_steps=cfg.train.max_steps,
+        objectives=objectives,
+        constraints=constraints,
+        parent_run_id=parent_run_id,
+    )
+    return ConcurrencyLimiter(search, max_concurrent=max_concurrent(cfg))
+
+
+def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
+    """The trial scheduler ``search.scheduler`` names (none, median, asha, hyperband)."""
+    sched = cfg.search.scheduler
+    if sched.type == "none":
+        return FIFOScheduler()
+    # one Tune iteration = one evaluation (every train.eval_every steps)
+    max_t = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
+    grace = min(sched.grace_period, max_t)
+    if sched.type == "median":
+        return MedianStoppingRule(
+            time_attr="training_iteration",
+            metric=metric,
+            mode=mode,
+            grace_period=grace,
+            min_samples_required=sched.min_samples_required,
+            # never pause a trial to let a waiting one run: a paused function trainable would
+            # start again from step 0 (its checkpoints keep the best weights, not the
+            # optimizer), and could cycle forever
+            min_time_slice=math.inf,
+        )
+    # asha; hyperband = asynchronous HyperBand: ASHA over several brackets. (Ray's synchronous
+    # HyperBandScheduler pauses and resumes trials, which needs resumable optimizer state.)
+    return ASHAScheduler(
+        time_attr="training_iteration",
+        metric=metric,
+        mode=mode,
+        max_t=max_t,
+        grace_period=grace,
+        reduction_factor=sched.reduction_factor,
+        brackets=sched.brackets if sched.type == "hyperband" else 1,
+    )
+
+
+def experiment_path(cfg: ExperimentConfig, name: str) -> str:
+    """Where Ray Tune keeps the experiment called ``name`` (a folder or a URI)."""
+    storage = storage_path(cfg)
+    return f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage) / name)
+
+
+def warn_if_storage_not_shared(cfg: ExperimentConfig, say: Callable[[str], None]) -> None:
+    """Trials on other machines write their checkpoints to their own disks when
+    ``run.storage_path`` is a local folder; the driver then cannot read them."""
+    if "://" in storage_path(cfg):
+        return
+    machines = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+    if len(machines) > 1:
+        say(
+            f"  warning: run.storage_path {storage_path(cfg)} is a local folder, but the "
+            f"cluster spans {len(machines)} machines: give shared storage (s3://..., NFS)"
+        )
+
+
+@dataclass
+class TuneRunner:
+    """Runs the Tune experiments of one search over one copy of its task."""
+
+    cfg: ExperimentConfig
+    data_ref: Any  # the tokenised task in Ray's object store (ray.ObjectRef)
+    tracker: MLflowTrialCallback  # every trial mirrored to an MLflow run
+    live_table: Callable[[int], Callback] | None  # num_samples -> progress table; None: quiet
+    resume: bool  # continue the interrupted experiments instead of starting new ones
+
+    def callbacks(self, num_samples: int) -> list[Callback]:
+        """MLflow logging, and the live table unless quiet."""
+        if self.live_table is None:
+            return [self.tracker]
+        return [self.tracker, self.live_table(num_samples)]
+
+    def fit(
+        self,
+        name: str,
+        make_searcher: Callable[[], Searcher],
+        make_scheduler: Callable[[], TrialScheduler],
+        num_samples: int,
+    ) -> ResultGrid:
+        """Run the Tune experiment ``name``, or with ``resume`` continue the interrupted one of
+        that name: finished trials are kept, unfinished ones continue from their latest
+        checkpoints."""
+        callbacks = self.callbacks(num_samples)
+        path = experiment_path(self.cfg, name)
+        if self.resume and tune.Tuner.can_restore(path):
+            tuner = tune.Tuner.restore(
+                path,
+                trainable=trainable_for(self.cfg, self.data_ref),
+                resume_unfinished=True,
+                resume_errored=False,  # they failed for good (out of retries)
+            )
+            # Tuner.restore brings back the callbacks pickled when the search started, and Ray
+            # 2.60 takes no new ones; the resumed search must log through this process's
+            # tracker (it knows the runs adopted from MLflow). Tune then restores their saved
+            # state. Private attribute: tests/integration/test_faults.py covers it.
+            tuner._local_tuner.get_run_config().callbacks = callbacks
+        else:
+            tuner = self._new_tuner(name, make_searcher(), make_scheduler(), num_samples, callbacks)
+        return tuner.fit()
+
+    def _new_tuner(self, name, search_alg, trial_scheduler, num_samples, callbacks) -> tune.Tuner:
+        cfg = self.cfg
+        return tune.Tuner(
+            trainable_for(cfg, self.data_ref),
+            tune_config=tune.TuneConfig(
+                search_alg=search_alg,
+                scheduler=trial_scheduler,
+                num_samples=num_samples,
+                reuse_actors=not use_ray_train(cfg),
+                trial_name_creator=TrialNamer(cfg.method.name),
+                trial_dirname_creator=TrialNamer(cfg.method.name),
+            ),
+            run_config=tune.RunConfig(
+                name=name,
+                storage_path=storage_path(cfg),
+                callbacks=callbacks,
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                # a trial whose actor dies restarts from its latest checkpoint (full state)
+                failure_config=tune.FailureConfig(max_failures=cfg.run.max_failures),
+                verbose=0,  # raypeft's own progress table (ProgressPrinter) instead of Tune's
+            ),
+        )
