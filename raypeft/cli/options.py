@@ -1,10 +1,26 @@
-"""Commands that read a finished search back from MLflow: report, ui, predict, export.
+"""What several commands share: options, the one-line failure, quiet libraries, loading and
+checking an experiment file (tune, validate) and fetching a trained run (predict, export).
 
-Each module defines click command(s) that ``raypeft.cli.main`` registers; heavy imports stay inside
-the functions so ``raypeft --help`` stays fast.
+Heavy imports (the preflight pipeline, MLflow) stay inside the functions so ``raypeft --help``
+stays fast.
 """
 
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
 import click
+
+from raypeft.config.schema import ExperimentConfig, load_experiment
+from raypeft.errors import ConfigError
+
+if TYPE_CHECKING:
+    from raypeft.preflight import Checked
+
+EXIT_USER_ERROR = 2
 
 # Every command that reads or writes a tracking store takes the same option.
 TRACKING_URI = click.option(
@@ -12,3 +28,96 @@ TRACKING_URI = click.option(
     default=None,
     help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db)",
 )
+
+# Every command that reads an experiment file takes the same overrides.
+OVERRIDES = click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a key of the file, e.g. --set search.num_samples=4 (repeatable)",
+)
+
+# The commands that read a trained run back (predict, export) name it the same way.
+RUN_OPTIONS = [
+    click.option("--run", "run_id", default=None, help="MLflow run id of a trial (or of a search)"),
+    click.option(
+        "--experiment",
+        default=None,
+        help="experiment name: the best trial of its newest finished search",
+    ),
+    TRACKING_URI,
+]
+
+
+def run_options(func):
+    """Decorator: ``--run``, ``--experiment`` and ``--tracking-uri``."""
+    for option in reversed(RUN_OPTIONS):
+        func = option(func)
+    return func
+
+
+def error_line(message: str) -> str:
+    """``error: message`` on one printable line: a control character in what the user typed
+    (a key with a carriage return or a newline in it) is shown escaped, never printed."""
+    shown = (c if c.isprintable() else c.encode("unicode_escape").decode() for c in message)
+    return "error: " + "".join(shown)
+
+
+def fail(message: str, exit_code: int = EXIT_USER_ERROR) -> NoReturn:
+    """A user error: one ``error:`` line on stderr, exit code 2."""
+    click.echo(error_line(message), err=True)
+    sys.exit(exit_code)
+
+
+def quiet_libraries() -> None:
+    """Silence what would drown the command's own output."""
+    # Progress bars from datasets/transformers would drown the trial table.
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    # with a tracking server MLflow prints two "View run" links per run closed (--quiet too)
+    os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def load_and_check(
+    file: Path, overrides: tuple[str, ...], address: str | None
+) -> tuple[ExperimentConfig, Checked]:
+    """Load the experiment file and run the preflight pipeline on it (fails with one line)."""
+    from raypeft.preflight import run_checks  # why: transformers, datasets; keeps --help fast
+
+    try:
+        cfg = load_experiment(file, list(overrides))
+        return cfg, run_checks(cfg, str(file), address=address)
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def one_source(run_id: str | None, experiment: str | None) -> None:
+    """``--run`` or ``--experiment``, exactly one."""
+    if (run_id is None) == (experiment is None):
+        fail("give exactly one of --run RUN_ID or --experiment NAME")
+
+
+def download_trained(
+    run_id: str | None, experiment: str | None, tracking_uri: str | None, dst: Path
+) -> tuple[Path, str]:
+    """The trained model folder of a run (or an experiment's best trial) and the run's id."""
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep stderr clean
+    from mlflow.tracking import MlflowClient  # why: MLflow is slow to import
+
+    from raypeft.tracking import runs
+    from raypeft.tracking.stores import check_store
+
+    uri = runs.tracking_uri(tracking_uri)
+    check_store(uri)
+    client = MlflowClient(tracking_uri=uri)
+    run = runs.get_run(client, run_id) if run_id else runs.best_trial_run(client, experiment)
+    return runs.download_model(client, run, dst), run.info.run_id
+
+
+def first_line(exc: Exception) -> str:
+    """An exception's first line (its type when it has no message)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

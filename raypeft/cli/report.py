@@ -11,7 +11,8 @@ from pathlib import Path
 
 import click
 
-from raypeft.cli.options import TRACKING_URI
+from raypeft.cli.options import TRACKING_URI, fail, quiet_libraries
+from raypeft.errors import ConfigError
 
 
 def _default_out(experiment: str) -> Path:
@@ -65,12 +66,9 @@ def command(
     parameters with the Pareto front, learning curves, parameter importances), trials.csv and
     summary.md, then logs the folder under report/ on the search's parent run.
     """
-    from raypeft.cli.main import _fail, _quiet_libraries
+    quiet_libraries()
+    from mlflow.exceptions import MlflowException  # why: MLflow, matplotlib, plotly are slow
 
-    _quiet_libraries()
-    from mlflow.exceptions import MlflowException
-
-    from raypeft.errors import ConfigError
     from raypeft.reporting import FIGURES, load_search, log_report, write_report
 
     folder = (out or _default_out(experiment)).resolve()
@@ -81,12 +79,12 @@ def command(
         )
         location = None if no_log else log_report(search, folder)
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except MlflowException as exc:  # e.g. an unreachable tracking server
         text = str(exc).strip().strip("'\"") or repr(exc)
-        _fail(f"MLflow: {text.splitlines()[0]}")
+        fail(f"MLflow: {text.splitlines()[0]}")
     except OSError as exc:  # e.g. the output folder is not writable
-        _fail(f"{exc.filename or folder}: {exc.strerror or exc}")
+        fail(f"{exc.filename or folder}: {exc.strerror or exc}")
 
     click.echo(
         f"Report on experiment {search.experiment!r}, search {search.parent_id} "

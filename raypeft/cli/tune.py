@@ -1,0 +1,133 @@
+"""``raypeft tune``: check an experiment file (the preflight pipeline), run its search, and
+print the summary: best trial, validation and test scores, repeats, Pareto front, where the
+records are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from raypeft.cli.options import OVERRIDES, TRACKING_URI, fail, load_and_check, quiet_libraries
+from raypeft.config.redact import redact_uri
+from raypeft.errors import ConfigError
+
+
+@click.command("tune")
+@click.option(
+    "--space",
+    "space_file",
+    required=True,
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="experiment file (YAML), e.g. search_spaces/dept.yaml",
+)
+@OVERRIDES
+@click.option("--address", default=None, help="Ray cluster address (default: start a local Ray)")
+@TRACKING_URI
+@click.option("--quiet", is_flag=True, help="print only the final summary (for scripts)")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="continue the experiment's interrupted search (its driver died): finished trials "
+    "are kept, unfinished ones continue from their checkpoints, in the same MLflow runs",
+)
+@click.option(
+    "--progress-interval",
+    type=click.FloatRange(min=1),
+    default=30.0,
+    show_default=True,
+    help="seconds between two trial tables while the search runs",
+)
+def command(
+    space_file: Path,
+    overrides: tuple[str, ...],
+    address: str | None,
+    tracking_uri: str | None,
+    quiet: bool,
+    resume: bool,
+    progress_interval: float,
+) -> None:
+    """Run the hyperparameter search an experiment file describes."""
+    quiet_libraries()
+    if tracking_uri:
+        overrides = (*overrides, f"tracking.uri={tracking_uri}")
+    cfg, _ = load_and_check(space_file, overrides, address)
+    from raypeft.search.run import SearchFailed, run_experiment  # why: Ray, MLflow, Optuna
+
+    try:
+        summary = run_experiment(
+            cfg,
+            address=address,
+            quiet=quiet,
+            source=str(space_file),
+            progress_interval=progress_interval,
+            resume=resume,
+        )
+    except ConfigError as exc:  # e.g. --resume without a search to resume, a cluster too small
+        fail(str(exc))
+    except SearchFailed as exc:
+        fail(str(exc), exit_code=1)
+    print_summary(summary)
+
+
+def print_summary(s) -> None:
+    """The search's outcome, as the last lines ``tune`` prints."""
+    echo = click.echo
+    echo("")
+    echo(
+        f"Search finished: {s.num_trials} trials ({s.num_pruned} stopped early, "
+        f"{s.num_errors} failed) in {s.wall_s / 60:.1f} min"
+    )
+    if not s.constraints_met:
+        echo("  warning: no trial met search.constraints; the best of all trials is shown")
+    echo(f"Best trial {s.best_trial_id} (MLflow run {s.best_run_id}):")
+    for key, value in sorted(s.best_params.items()):
+        echo(f"  {key} = {value}")
+    val = ", ".join(
+        f"{k[len('val_') :]} {v:.4f}"
+        for k, v in s.best_validation.items()
+        if not k.endswith(("loss", "samples_per_s"))
+    )
+    echo(f"  validation: {val}")
+    if s.repeats:
+        echo(f"  repeated seeds (mean ± std of validation {s.metric}):")
+        for group in s.repeats:
+            mark = "*" if group.trial_id == s.best_trial_id else " "
+            echo(
+                f"   {mark} {group.trial_id}: {group.mean:.4f} ± {group.std:.4f} "
+                f"over seeds {sorted(group.scores)}"
+            )
+    _print_test(s.test)
+    if s.pareto:
+        names = [o.name for o in s.objectives]
+        echo(f"Pareto front ({' vs '.join(names)}), {len(s.pareto)} trials:")
+        for point in s.pareto:
+            values = ", ".join(f"{n} {point[n]:.4g}" for n in names)
+            echo(f"  {point['trial_id']} ({point['method']}): {values}")
+    echo(
+        f"MLflow: experiment {s.experiment!r} (id {s.experiment_id}), parent run {s.parent_run_id}"
+    )
+    echo(f"  store {redact_uri(s.tracking_uri)}; browse with: raypeft ui {s.experiment}")
+    echo(f"Optuna study {s.optuna_study!r} in {redact_uri(s.optuna_storage)}")
+    echo(f"  browse with: optuna-dashboard {redact_uri(s.optuna_storage)}")
+    echo(f"Ray results: {redact_uri(s.storage_path)}")
+
+
+def _print_test(test: dict[str, float]) -> None:
+    """The best configuration's test scores (and their mean ± std over repeated seeds)."""
+    line = ", ".join(
+        f"{k[len('test_') :]} {v:.4f}"
+        for k, v in test.items()
+        if not k.endswith(("loss", "samples_per_s", "majority_class_accuracy"))
+        and not k.endswith(("_mean", "_std", "_seeds"))
+    )
+    if "test_majority_class_accuracy" in test:
+        line += f" (majority-class accuracy {test['test_majority_class_accuracy']:.4f})"
+    click.echo(f"  test:       {line or 'n/a'}")
+    means = [k for k in test if k.endswith("_mean")]
+    if means:
+        over = ", ".join(
+            f"{k[len('test_') : -len('_mean')]} {test[k]:.4f} ± {test[k[:-5] + '_std']:.4f}"
+            for k in means
+        )
+        click.echo(f"  test over its {int(test[means[0][:-5] + '_seeds'])} seeds: {over}")

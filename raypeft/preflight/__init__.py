@@ -1,0 +1,71 @@
+"""Checks before anything starts: one pipeline, run by ``raypeft tune`` and ``raypeft validate``.
+
+The stages, in order (each failure is one :class:`~raypeft.errors.ConfigError` line prefixed
+with the experiment file's name; nothing is created before all pass):
+
+1. schema: the file parses and validates (done by loading it, :mod:`raypeft.config.schema`);
+2. files and data (:mod:`.data`): the task, its files, every row, the batch size;
+3. model (:mod:`.model`): the name resolves offline, its config and tokenizer load;
+4. method settings (:mod:`.settings`): every setting the space can produce, through the
+   hooks of the method's config;
+5. stores (:mod:`raypeft.tracking.stores`): the tracking URI and Optuna storage can be
+   opened, and a tracking server answers;
+6. resources (:mod:`raypeft.search.resources`): one trial fits this machine (a cluster,
+   ``address``, is checked once the search connects to it).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from raypeft.config.redact import redact_uri
+from raypeft.config.schema import ExperimentConfig
+from raypeft.data.tasks import TaskSpec
+from raypeft.errors import ConfigError
+from raypeft.methods import BackboneDims
+from raypeft.preflight.data import check_task
+from raypeft.preflight.model import check_model
+from raypeft.preflight.settings import check_method_settings
+from raypeft.search.resources import check_fits, local_nodes
+from raypeft.tracking.stores import check_stores, check_tracking_store
+
+STAGES = ("schema", "files and data", "model", "method settings", "stores", "resources")
+
+__all__ = ["STAGES", "Checked", "run_checks"]
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the checks established about an experiment."""
+
+    spec: TaskSpec  # the task, with its number of labels
+    split_sizes: dict[str, int]  # examples per split, as the search will train and score
+    dims: BackboneDims  # the backbone's shapes
+    method_settings: int  # distinct method settings of the space, each checked
+    resources_checked: bool  # False for a cluster (``address``): checked once connected
+
+
+def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None) -> Checked:
+    """Run every stage after the schema on a loaded experiment; ``source`` (the file's name)
+    prefixes each error. Without ``address`` (the local Ray ``tune`` starts) one trial's
+    resources must fit this machine. Raises :class:`ConfigError`."""
+    try:
+        task = check_task(cfg)
+        model = check_model(cfg.model, task.spec)
+        settings = check_method_settings(cfg, model, source)
+        _check_stores(cfg)
+        if address is None:
+            check_fits(cfg, local_nodes())
+    except ConfigError as exc:
+        text = str(exc)
+        raise ConfigError(text if text.startswith(f"{source}: ") else f"{source}: {text}") from None
+    return Checked(task.spec, task.sizes, model.dims, settings, address is None)
+
+
+def _check_stores(cfg: ExperimentConfig) -> None:
+    """The stores stage: the URIs can be opened, and a tracking server answers."""
+    check_stores(cfg)
+    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        check_tracking_store(uri, redact_uri(uri))
