@@ -123,7 +123,7 @@ def build(name: str, args: argparse.Namespace, num_labels: int):
     """(cfg, model, optimizer) for one method: the same code path as a trial."""
     from raypeft.modeling.backbones import load_backbone
     from raypeft.modeling.prompted import PromptedModel
-    from raypeft.training.loop import build_optimizer
+    from raypeft.training.optimizer import build_optimizer
 
     cfg = step_config(name, args)
     backbone = load_backbone(cfg.model, num_labels, "classification", seed=cfg.train.seed)
@@ -338,7 +338,7 @@ def part_a(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
-    from raypeft.methods.counts import prompt_tuning_params
+    from raypeft.methods.sizing import soft_prompt_params as prompt_tuning_params
 
     torch.set_num_threads(args.threads)
     print(

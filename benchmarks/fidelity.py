@@ -107,7 +107,10 @@ def run_one(job: tuple) -> dict:
     from safetensors.torch import load_file
 
     from raypeft.config.schema import validate_experiment
-    from raypeft.training.loop import build_model, evaluate, split_dataset, train
+    from raypeft.modeling.build import build_model
+    from raypeft.training.datasets import split_dataset
+    from raypeft.training.evaluation import evaluate
+    from raypeft.training.loop import train
 
     torch.set_num_threads(1)
     base, task_name, label, method, lr, seed = job

@@ -43,7 +43,9 @@ def build(args):
 
     from raypeft.config.schema import validate_experiment
     from raypeft.data import prepare_task
-    from raypeft.training.loop import build_model, build_optimizer, ensure_features, split_dataset
+    from raypeft.modeling.build import build_model
+    from raypeft.training.datasets import ensure_features, split_dataset
+    from raypeft.training.optimizer import build_optimizer
 
     base = {
         "name": "idpg-cache-bench",

@@ -9,7 +9,7 @@ import difflib
 import itertools
 import math
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -24,12 +24,18 @@ from pydantic import (
 )
 
 from raypeft.config.messages import _key_hint, _loc_text, describe_error, format_validation_error
+from raypeft.config.method_configs import (
+    RegisteredMethodConfig,
+    method_config_classes,
+    on_method_registered,
+)
 from raypeft.errors import ConfigError
-from raypeft.methods import METHODS
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # unknown keys are errors, and so is NaN or an infinity in any float key (YAML reads
+    # `.nan` and `.inf` as floats; a learning rate of inf would only fail inside a trial)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class ModelConfig(_Strict):
@@ -350,11 +356,6 @@ class RunConfig(_Strict):
     )
 
 
-# Built from the registry: a registered method's config is accepted under its `name`.
-_METHOD_CONFIGS = tuple(cls.config_cls for cls in METHODS.values())
-MethodConfigUnion = Annotated[Union[_METHOD_CONFIGS], Field(discriminator="name")]  # noqa: UP007
-
-
 class ExperimentConfig(_Strict):
     """One experiment file: what to train, how, and what to search."""
 
@@ -367,7 +368,7 @@ class ExperimentConfig(_Strict):
         description="one trainable-parameter budget for every method (task head excluded): "
         "each method derives its size knob from it",
     )
-    method: MethodConfigUnion
+    method: RegisteredMethodConfig  # a registered method's config, told apart by `name`
     methods: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="settings of each method by name, used when the space chooses "
@@ -395,9 +396,10 @@ class ExperimentConfig(_Strict):
     @field_validator("methods")
     @classmethod
     def _known_methods(cls, methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        known = method_config_classes()
         for name, settings in methods.items():
-            if name not in METHODS:
-                raise ValueError(f"unknown method {name!r}; expected one of {sorted(METHODS)}")
+            if name not in known:
+                raise ValueError(f"unknown method {name!r}; expected one of {sorted(known)}")
             if not isinstance(settings, dict) or "name" in settings:
                 raise ValueError(f"`methods.{name}` must be a mapping of that method's settings")
         return methods
@@ -405,14 +407,14 @@ class ExperimentConfig(_Strict):
     @model_validator(mode="after")
     def _method_presets_validate(self) -> ExperimentConfig:
         for name in self.methods:
+            config_cls = method_config_classes()[name]
             try:
-                METHODS[name].config_cls.model_validate(self.method_settings(name))
+                config_cls.model_validate(self.method_settings(name))
             except ValidationError as err:
                 first = err.errors()[0]
                 loc = _loc_text(list(first["loc"]))
                 msg = (
-                    "unknown key"
-                    + _key_hint(list(first["loc"]), METHODS[name].config_cls, f"methods.{name}")
+                    "unknown key" + _key_hint(list(first["loc"]), config_cls, f"methods.{name}")
                     if first["type"] == "extra_forbidden"
                     else describe_error(first)
                 )
@@ -506,6 +508,11 @@ class ExperimentConfig(_Strict):
     def grid_keys(self) -> list[str]:
         return [k for k, p in self.space.items() if isinstance(p, GridParam)]
 
+    def grid_size(self) -> int:
+        """How many combinations the joint grid has (computed, not enumerated)."""
+        keys = self.grid_keys()
+        return math.prod(len(self.space[k].grid) for k in keys) if keys else 0
+
     def grid_points(self) -> list[dict[str, Any]]:
         """Every combination of the ``grid`` keys (the joint grid), in file order."""
         keys = self.grid_keys()
@@ -513,6 +520,10 @@ class ExperimentConfig(_Strict):
             return []
         values = [self.space[k].grid for k in keys]
         return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
+
+
+# A method registered after this module is imported (a plugin) joins the `method` union too.
+on_method_registered(lambda: ExperimentConfig.model_rebuild(force=True))
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -552,10 +563,51 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not key.strip():
         raise ConfigError(f"--set {text!r}: the key is empty")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = _safe_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key.strip(), value
+
+
+# An experiment file is a few hundred values. YAML anchors and aliases share nodes, so a
+# small file can stand for billions of values ("billion laughs"), which validating would
+# walk one by one: such a file is refused before anything is built from it.
+MAX_YAML_VALUES = 100_000
+
+
+def _safe_yaml(text: str) -> Any:
+    """Parse YAML with the safe loader (duplicate keys refused) after checking that anchors
+    and aliases do not expand it beyond :data:`MAX_YAML_VALUES` values."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {})
+        if size > MAX_YAML_VALUES:
+            raise yaml.YAMLError(
+                f"anchors and aliases expand it to more than {MAX_YAML_VALUES:,} values "
+                f"({size:,}); an experiment file must not"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
+    """How many values ``node`` stands for once every alias is expanded (memoised per node,
+    so a shared node is counted in linear time, however often it is referenced)."""
+    if id(node) in sizes:
+        return sizes[id(node)]
+    sizes[id(node)] = 1  # a node that contains itself (a recursive alias) counts once
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = node.value
+    else:
+        children = []
+    sizes[id(node)] = min(1 + sum(_expanded_size(c, sizes) for c in children), 2**62)
+    return sizes[id(node)]
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -593,11 +645,11 @@ def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentCo
         why = exc.strerror or exc.__class__.__name__
         raise ConfigError(f"{path}: cannot read ({why}); the file must be readable") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
+        data = _safe_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None)
+        problem = getattr(exc, "problem", None) or (str(exc) if not mark else None)
         why = f" ({' '.join(str(problem).split())})" if problem else ""
         raise ConfigError(f"{path}: not valid YAML{where}{why}") from None
     if data is None:
@@ -625,10 +677,29 @@ def validate_experiment(data: dict, source: str) -> ExperimentConfig:
     try:
         cfg = ExperimentConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source)) from None
+        raise ConfigError(format_validation_error(err, source, ExperimentConfig)) from None
     _check_space_keys(cfg, source)
+    _check_grid_size(cfg, source)
     _check_scheduler(cfg, source)
     return cfg
+
+
+# Every point of a joint grid is enqueued before Optuna samples (and compared with the
+# trials an earlier search of the study ran): a grid is a list of trials to run, and a
+# prompt-method search runs tens to thousands of them, never billions.
+MAX_GRID_POINTS = 10_000
+
+
+def _check_grid_size(cfg: ExperimentConfig, source: str) -> None:
+    """The joint grid is counted, never enumerated, and refused beyond MAX_GRID_POINTS."""
+    size = cfg.grid_size()
+    if size > MAX_GRID_POINTS:
+        keys = cfg.grid_keys()
+        raise ConfigError(
+            f"{source}: space: the joint grid of {len(keys)} grid keys has {size:,} "
+            f"combinations, over the limit of {MAX_GRID_POINTS:,} (give fewer grid values, or "
+            "search some keys with choice/uniform/loguniform/int, which Optuna samples)"
+        )
 
 
 def _check_scheduler(cfg: ExperimentConfig, source: str) -> None:
@@ -671,19 +742,20 @@ def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
             try:
                 apply_trial_params(cfg, {key: value})
             except ValidationError as err:
-                inner = format_validation_error(err, source)
+                inner = format_validation_error(err, source, ExperimentConfig)
                 raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
 
 
 def _check_conditional_key(cfg: ExperimentConfig, key: str, param: Any, source: str) -> None:
     parts = key.split(".", 2)
-    if len(parts) != 3 or parts[1] not in METHODS:
+    known = method_config_classes()
+    if len(parts) != 3 or parts[1] not in known:
         raise ConfigError(
             f"{source}: space.{key}: conditional keys are methods.<method>.<knob> with a "
-            f"method among {sorted(METHODS)}"
+            f"method among {sorted(known)}"
         )
     _, name, knob = parts
-    fields = METHODS[name].config_cls.model_fields
+    fields = known[name].model_fields
     if knob not in fields or knob == "name":
         close = difflib.get_close_matches(knob, list(fields), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(f'methods.{name}.{c}' for c in close)}?" if close else ""
@@ -697,7 +769,7 @@ def _check_conditional_key(cfg: ExperimentConfig, key: str, param: Any, source: 
         try:
             apply_trial_params(cfg, {"method.name": name, key: value})
         except ValidationError as err:
-            inner = format_validation_error(err, source)
+            inner = format_validation_error(err, source, ExperimentConfig)
             raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
 
 
@@ -768,3 +840,20 @@ def space_candidates(cfg: ExperimentConfig, max_int_values: int = 64) -> dict[st
         else:
             out[key] = list(dict.fromkeys(_candidate_values(param)))
     return out
+
+
+# ----------------------------------------------------------------------------- a trial's
+# Tune config: the sampled settings, plus records that are not settings
+
+DERIVED_PREFIX = "derived."  # values computed from the sampled ones (DePT's rank, the count)
+REPEAT_PREFIX = "repeat."  # a re-run of a top configuration with another seed (repeat_best)
+REPEAT_OF = f"{REPEAT_PREFIX}of"  # the trial id a repeat re-trains
+
+
+def trial_config(cfg: ExperimentConfig, tune_config: dict[str, Any]) -> ExperimentConfig:
+    """A trial's full config from Tune's flat ``{key: value}`` (derived and repeat records
+    dropped)."""
+    sampled = {
+        k: v for k, v in tune_config.items() if not k.startswith((DERIVED_PREFIX, REPEAT_PREFIX))
+    }
+    return apply_trial_params(cfg, sampled)

@@ -1,18 +1,22 @@
 """What every prompt method provides, and the registry methods add themselves to.
 
-A method is one module: a pydantic config (its knobs, learning rates and closed-form count)
-and an ``nn.Module`` that turns a batch into the backbone's keyword inputs. Shared code looks
-methods up by name in :data:`METHODS`; it never branches on a method's name.
+A method is one module: a pydantic config (its knobs, learning rates, closed-form count and
+budget options), an ``nn.Module`` that turns a batch into the backbone's keyword inputs, and
+optional hooks (a peft export, figure hints for the report). Shared code looks methods up by
+name in :data:`METHODS` (in registration order, the order listings use); it never branches on
+a method's name.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 from torch import nn
+
+from raypeft.config.method_configs import MethodConfigBase, config_name, register_method_config
 
 BackboneKind = Literal["encoder", "seq2seq", "decoder"]
 
@@ -36,6 +40,9 @@ class BackboneDims:
     num_heads: int = 1
     kv_heads: int | None = None
     model_name: str | None = None  # model.name: keys caches tied to the backbone (IPT tables)
+    # whose tokenizer gives the ids: model.name, or the model it borrows its tokenizer from
+    # (the tiny test models borrow MiniLM's); keys IPT's pretrained tables
+    tokenizer_name: str | None = None
 
     @property
     def head_dim(self) -> int:
@@ -46,23 +53,44 @@ class BackboneDims:
         return (self.kv_heads or self.num_heads) * self.head_dim
 
 
-class MethodConfig(BaseModel):
+class BackboneAccess(Protocol):
+    """The frozen backbone, for work a method does beside its module (IDPG's sentence
+    encodings, IPT's pretrained table).
+
+    :mod:`raypeft.modeling` provides it: methods sit below modeling and load no backbone
+    themselves. ``modeling.backbones.Backbone`` (loaded) and ``FrozenBackbone`` (each part
+    loaded on first use, for the driver) both are one.
+    """
+
+    @property
+    def dims(self) -> BackboneDims: ...
+
+    @property
+    def model(self) -> nn.Module:
+        """The frozen Hugging Face model."""
+
+    def tokenizer(self) -> Any:
+        """The backbone's tokenizer (a transformers ``PreTrainedTokenizerBase``)."""
+
+
+class MethodConfig(MethodConfigBase):
     """Base of every method's config. Subclasses set ``name: Literal["..."]``.
 
     ``budget_params`` (a trainable-parameter budget, task head excluded) makes the method
     derive its size knob in :meth:`resolve`: the largest setting whose count fits the budget
     (PT's ``l``, DePT's ``r``, deep prompts' ``t``, IDPG's generator width, IPT's encoder
     width). :meth:`budget_options` lists the settings that fit, for ``raypeft budget``.
+
+    Optional hooks: :meth:`peft_type` (with :meth:`PromptMethod.peft_adapter`) for
+    ``raypeft export``; :attr:`figure_hints` for the report's learning-rate heat map and its
+    size-vs-rank figure.
     """
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-    name: str
-    budget_params: int | None = Field(
-        None,
-        ge=1,
-        description="trainable-parameter budget: the method's size knob is derived from it",
-    )
+    # raypeft export: what the method exports as, as messages put it after the method's name
+    # (e.g. "(PROMPT_TUNING)"); None: peft has no equivalent
+    peft_export_note: ClassVar[str | None] = None
+    # the report's method figures: which knobs they read (None: the method has none)
+    figure_hints: ClassVar[FigureHints | None] = None
 
     @classmethod
     def examples(cls) -> dict[str, MethodConfig]:
@@ -79,7 +107,7 @@ class MethodConfig(BaseModel):
         raise NotImplementedError
 
     def num_params(self, dims: BackboneDims) -> int:
-        """Closed-form trainable-parameter count (see :mod:`raypeft.methods.counts`)."""
+        """Closed-form trainable-parameter count (a function beside the method's config)."""
         raise NotImplementedError
 
     def derived(self) -> dict[str, Any]:
@@ -93,6 +121,17 @@ class MethodConfig(BaseModel):
     def check_backbone(self, dims: BackboneDims) -> None:
         """Raise ``ValueError`` (one line) if the method cannot run on this backbone."""
 
+    def prompt_positions(self) -> int:
+        """Positions this (resolved) config prepends to every input: its prompt tokens, 0 if
+        it prepends none (e.g. keys and values only). Before anything starts, preflight checks
+        that they fit the backbone's absolute position embeddings with ``model.max_length``."""
+        return 0
+
+    def check_inputs(self) -> None:
+        """Cheap checks of what the method reads before trials start (e.g. IPT's pretraining
+        corpus exists), run by ``raypeft validate`` and ``tune`` for every setting the space
+        can produce. Raise ``ValueError`` or :class:`~raypeft.errors.ConfigError` (one line)."""
+
     def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
         """Settings of this method's size knob whose count fits ``budget`` (others as in self).
 
@@ -101,9 +140,70 @@ class MethodConfig(BaseModel):
         """
         raise NotImplementedError
 
-    def warm_up(self, model_cfg: Any) -> None:
-        """Build shared artefacts once, on the driver, before trials start (e.g. IPT's
-        pretrained prompt table, cached on disk). Most methods need nothing."""
+    def budget_length(self) -> int | None:
+        """The budget this config sets as a PT prompt length ``l`` (``l·d`` parameters), if
+        it sets it that way (``raypeft budget --space`` reads it); None otherwise."""
+        return None
+
+    def budget_options_at(
+        self, budget: int, dims: BackboneDims, prompt_lengths: list[int]
+    ) -> list[BudgetOption] | None:
+        """``raypeft budget -m``: the options for exactly these prompt lengths, or None when
+        the method's options are not chosen by prompt length (then -m leaves it alone)."""
+        return None
+
+    def peft_type(self) -> str:
+        """The Hugging Face peft type this config is an exact equivalent of (e.g.
+        ``PROMPT_TUNING``), for ``raypeft export``; the module's
+        :meth:`PromptMethod.peft_adapter` gives the tensors. Raises ``ValueError`` (one line,
+        saying why) when peft has no equivalent."""
+        raise ValueError(no_peft_equivalent(self.name))
+
+    def warm_up(self, backbone: BackboneAccess) -> None:
+        """Build shared artefacts the method's module reads (e.g. IPT's pretrained prompt
+        table, cached on disk). The driver calls it once before trials start; the prompted
+        model calls it again before building the module, so a trial on a machine that lacks
+        them builds them. Most methods need nothing."""
+
+
+@dataclass(frozen=True)
+class FigureHints:
+    """The knobs the report's method figures read from a method's trials (config field names,
+    logged as ``method.<name>``) and how their titles name them.
+
+    The heat map draws the best score per pair of the two learning rates, one panel per
+    prompt length; the size-vs-rank figure draws the score per prompt length with the rank
+    the budget derived for it.
+    """
+
+    label: str  # the method in titles, e.g. "DePT"
+    learning_rates: tuple[str, str]  # heat map x and y, e.g. ("lr_prompt", "lr_lowrank")
+    lr_symbols: tuple[str, str]  # their symbols in titles, e.g. ("α1", "α2")
+    length: str  # one panel per value, e.g. "prompt_length"
+    length_symbol: str  # e.g. "m"
+    rank: str  # derived from the budget for each length (logged as derived.<rank>)
+    rank_symbol: str  # e.g. "r"
+    budget_length: str | None = None  # the budget as a PT length, e.g. "budget_prompt_length"
+
+
+@dataclass(frozen=True)
+class PeftAdapter:
+    """A trained method in Hugging Face peft's terms (see :meth:`MethodConfig.peft_type`)."""
+
+    prompt_embeddings: torch.Tensor  # peft's prompt embedding weight, (virtual tokens, width)
+    settings: dict[str, Any]  # peft config arguments beyond task, base model and layers
+    what: str  # what the tensor holds, for the export's report, e.g. "prompt"
+
+
+def no_peft_equivalent(name: str, why: str = "") -> str:
+    """The one-line message for a method without a peft equivalent, naming those with one."""
+    supported = " and ".join(
+        f"{other} {method.config_cls.peft_export_note}"
+        for other, method in METHODS.items()
+        if method.config_cls.peft_export_note
+    )
+    because = f" ({why})" if why else ""
+    return f"method {name!r} has no peft equivalent{because}; peft export supports {supported}"
 
 
 @dataclass(frozen=True)
@@ -134,8 +234,9 @@ class FeatureSpec(BaseModel):
     def key(self) -> str:
         return f"{type(self).__name__}:{self.model_dump_json()}"
 
-    def compute(self, texts: list[str], arrays: dict[str, Any], model_cfg: Any) -> Any:
-        """A ``(n, width)`` float32 array for one split: its texts and tokenised arrays."""
+    def compute(self, texts: list[str], arrays: dict[str, Any], backbone: BackboneAccess) -> Any:
+        """A ``(n, width)`` float32 array for one split: its texts and tokenised arrays
+        (``backbone``: the frozen backbone, for specs that encode with it)."""
         raise NotImplementedError
 
 
@@ -180,6 +281,11 @@ class PromptMethod(nn.Module):
 
     uses_layer_prompts: ClassVar[bool] = False
 
+    def peft_adapter(self) -> PeftAdapter:
+        """The trained tensors in peft's layout, for configs whose
+        :meth:`MethodConfig.peft_type` names a peft type."""
+        raise NotImplementedError(f"{type(self).__name__} has no peft equivalent")
+
     def num_trainable(self) -> int:
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
@@ -188,12 +294,10 @@ METHODS: dict[str, type[PromptMethod]] = {}
 
 
 def register_method(method_cls: type[PromptMethod]) -> type[PromptMethod]:
-    """Class decorator: make a method available under its config's ``name`` literal."""
-    name_field = method_cls.config_cls.model_fields["name"]
-    (name,) = name_field.annotation.__args__  # Literal["..."]
-    if name in METHODS:
-        raise ValueError(f"method {name!r} is registered twice")
-    METHODS[name] = method_cls
+    """Class decorator: make a method available under its config's ``name`` literal (its
+    config joins the experiment schema's ``method`` section)."""
+    register_method_config(method_cls.config_cls)  # raises if the name is taken
+    METHODS[config_name(method_cls.config_cls)] = method_cls
     return method_cls
 
 

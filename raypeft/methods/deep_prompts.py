@@ -14,7 +14,7 @@ reads no ``past_key_values``, so the ``kv`` style needs an encoder or decoder ba
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field
@@ -25,18 +25,31 @@ from raypeft.methods.base import (
     BackboneDims,
     BudgetOption,
     MethodConfig,
+    PeftAdapter,
     PromptMethod,
     init_prompt,
     prepend_prompt,
     register_method,
 )
-from raypeft.methods.counts import deep_prompt_params
+
+
+def deep_prompt_params(
+    prompt_length: int, num_layers: int, hidden_size: int, style: str, kv_size: int | None = None
+) -> int:
+    """Deep prompts: ``t·N·d`` (hidden states) or ``2·t·N·d_kv`` (key/value prefixes).
+
+    ``d_kv`` is one layer's key width (``d`` unless grouped-query attention shrinks it).
+    """
+    if style == "hidden":
+        return prompt_length * num_layers * hidden_size
+    return 2 * prompt_length * num_layers * (kv_size or hidden_size)
 
 
 class DeepPromptConfig(MethodConfig):
     """A prompt of ``t`` vectors at every layer; with ``budget_params``, ``t`` is derived."""
 
     name: Literal["prefix"] = "prefix"
+    peft_export_note: ClassVar[str | None] = "with style: kv (PREFIX_TUNING)"
     style: Literal["hidden", "kv"] = Field(
         "hidden", description="hidden: replace t hidden states per layer; kv: key/value prefixes"
     )
@@ -78,6 +91,9 @@ class DeepPromptConfig(MethodConfig):
     def derived(self) -> dict[str, Any]:
         return {"prompt_length": self.prompt_length} if self.budget_params is not None else {}
 
+    def prompt_positions(self) -> int:
+        return 0 if self.style == "kv" else self.prompt_length  # kv: keys only, no positions
+
     def check_backbone(self, dims: BackboneDims) -> None:
         if self.style == "kv" and dims.kind == "seq2seq":
             raise ValueError(
@@ -96,6 +112,15 @@ class DeepPromptConfig(MethodConfig):
                 params = length * styled.per_token(dims)
                 options.append(BudgetOption(self.name, settings, params, budget))
         return options
+
+    def peft_type(self) -> str:
+        if self.style == "kv":
+            return "PREFIX_TUNING"
+        raise ValueError(
+            "method prefix with style: hidden has no peft equivalent (it replaces hidden "
+            "states at every layer; peft's PREFIX_TUNING and P_TUNING do not); only "
+            "style: kv maps onto peft's PREFIX_TUNING"
+        )
 
 
 @register_method
@@ -149,3 +174,21 @@ class DeepPrompt(PromptMethod):
         if self.style != "hidden":
             return None  # the key/value prefixes are already in every layer's cache
         return self.prompts[layer].unsqueeze(0)
+
+    def peft_adapter(self) -> PeftAdapter:
+        """kv style: peft's ``PREFIX_TUNING`` without projection. peft's prefix embedding row
+        ``i`` holds token ``i``'s keys and values of every layer, laid out ``(layer,
+        key|value, head, head_dim)``; this method's tensor is ``(layer, key|value, head,
+        token, head_dim)``, a transpose of the same numbers."""
+        self.config.peft_type()  # the hidden style has no peft equivalent: ValueError
+        prompts = self.prompts.detach().cpu().float()
+        t, kv_size = prompts.shape[3], self.dims.kv_size
+        rows = prompts.permute(3, 0, 1, 2, 4).reshape(t, -1).contiguous()
+        settings = {
+            "num_virtual_tokens": t,
+            "token_dim": kv_size,  # one layer's key width (grouped-query: kv heads only)
+            "num_attention_heads": self.dims.kv_heads or self.dims.num_heads,
+            "encoder_hidden_size": kv_size,
+            "prefix_projection": False,
+        }
+        return PeftAdapter(rows, settings, "key/value prefixes")

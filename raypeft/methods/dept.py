@@ -8,7 +8,7 @@ official code, the update is applied for every head type (classification include
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -17,13 +17,40 @@ from torch import nn
 from raypeft.methods.base import (
     BackboneDims,
     BudgetOption,
+    FigureHints,
     MethodConfig,
     PromptMethod,
     init_prompt,
+    no_peft_equivalent,
     prepend_prompt,
     register_method,
 )
-from raypeft.methods.counts import dept_params, dept_rank_for_params, prompt_tuning_params
+from raypeft.methods.sizing import soft_prompt_params
+
+
+def dept_params(prompt_length: int, rank: int, max_length: int, hidden_size: int) -> int:
+    """DePT: soft prompt ``m·d`` plus ``A ∈ R^{s×r}``, ``B ∈ R^{r×d}``: ``m·d + (s+d)·r``."""
+    return soft_prompt_params(prompt_length, hidden_size) + (max_length + hidden_size) * rank
+
+
+def dept_rank_for_budget(
+    budget_prompt_length: int, prompt_length: int, max_length: int, hidden_size: int
+) -> int:
+    """Largest rank ``r`` with ``m·d + (s+d)·r <= l·d``, i.e. ``floor((l−m)·d/(s+d))``.
+
+    ``budget_prompt_length`` is the PT length ``l`` whose parameter count is the budget.
+    """
+    if prompt_length >= budget_prompt_length:
+        raise ValueError(
+            f"`prompt_length < budget_prompt_length` must hold for DePT, but got "
+            f"(prompt_length={prompt_length}, budget_prompt_length={budget_prompt_length})."
+        )
+    return (budget_prompt_length - prompt_length) * hidden_size // (max_length + hidden_size)
+
+
+def dept_rank_for_params(budget: int, prompt_length: int, max_length: int, hidden_size: int) -> int:
+    """Largest rank ``r`` with ``m·d + (s+d)·r <= budget`` (may be < 1: does not fit)."""
+    return (budget - prompt_length * hidden_size) // (max_length + hidden_size)
 
 
 class DePTConfig(MethodConfig):
@@ -35,6 +62,17 @@ class DePTConfig(MethodConfig):
     """
 
     name: Literal["dept"] = "dept"
+    # the report's α1 × α2 heat map per m, and the score vs (m, r) at a fixed budget
+    figure_hints: ClassVar[FigureHints | None] = FigureHints(
+        label="DePT",
+        learning_rates=("lr_prompt", "lr_lowrank"),
+        lr_symbols=("α1", "α2"),
+        length="prompt_length",
+        length_symbol="m",
+        rank="rank",
+        rank_symbol="r",
+        budget_length="budget_prompt_length",
+    )
     prompt_length: int = Field(40, ge=1, description="m: number of soft-prompt tokens")
     rank: int | None = Field(None, ge=1, description="r: rank of A·B (derived when budgeted)")
     budget_prompt_length: int | None = Field(
@@ -76,7 +114,7 @@ class DePTConfig(MethodConfig):
     def budget(self, dims: BackboneDims) -> int | None:
         """The trainable-parameter budget, if one is set (``l·d`` for a PT length)."""
         if self.budget_prompt_length is not None:
-            return prompt_tuning_params(self.budget_prompt_length, dims.hidden_size)
+            return soft_prompt_params(self.budget_prompt_length, dims.hidden_size)
         return self.budget_params
 
     def resolve(self, dims: BackboneDims) -> DePTConfig:
@@ -115,6 +153,9 @@ class DePTConfig(MethodConfig):
         budgeted = self.budget_prompt_length is not None or self.budget_params is not None
         return {"rank": self.rank} if budgeted else {}
 
+    def prompt_positions(self) -> int:
+        return self.prompt_length
+
     def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
         """Every ``m`` (multiples of a tenth of PT's length at this budget, and this config's
         own ``m``) with its derived ``r``, by ``m``."""
@@ -131,6 +172,28 @@ class DePTConfig(MethodConfig):
                     BudgetOption(self.name, {"prompt_length": m, "rank": r}, params, budget)
                 )
         return options
+
+    def budget_length(self) -> int | None:
+        return self.budget_prompt_length
+
+    def budget_options_at(
+        self, budget: int, dims: BackboneDims, prompt_lengths: list[int]
+    ) -> list[BudgetOption]:
+        """Each given ``m`` with its derived ``r``; an ``m`` leaving no rank is left out."""
+        if max(prompt_lengths) * dims.hidden_size >= budget:
+            raise ValueError(
+                f"every DePT m must leave room for a rank (m·d < {budget:,}), "
+                f"got m={max(prompt_lengths)}"
+            )
+        options = []
+        for m in prompt_lengths:
+            fits = self.model_copy(update={"prompt_length": m}).budget_options(budget, dims)
+            options.extend(o for o in fits if o.settings["prompt_length"] == m)
+        return options
+
+    def peft_type(self) -> str:
+        why = "its low-rank update of the input embeddings"
+        raise ValueError(no_peft_equivalent(self.name, why))
 
 
 @register_method

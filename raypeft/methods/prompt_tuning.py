@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 from torch import nn
@@ -11,12 +11,13 @@ from raypeft.methods.base import (
     BackboneDims,
     BudgetOption,
     MethodConfig,
+    PeftAdapter,
     PromptMethod,
     init_prompt,
     prepend_prompt,
     register_method,
 )
-from raypeft.methods.counts import prompt_tuning_params
+from raypeft.methods.sizing import soft_prompt_params
 
 
 class PromptTuningConfig(MethodConfig):
@@ -26,6 +27,7 @@ class PromptTuningConfig(MethodConfig):
     """
 
     name: Literal["pt"] = "pt"
+    peft_export_note: ClassVar[str | None] = "(PROMPT_TUNING)"
     prompt_length: int = Field(100, ge=1, description="l: number of soft-prompt tokens")
     lr: float = Field(0.3, gt=0, description="learning rate of the soft prompt")
     init: Literal["vocab", "normal"] = Field(
@@ -55,17 +57,23 @@ class PromptTuningConfig(MethodConfig):
         return {"prompt": self.lr}
 
     def num_params(self, dims: BackboneDims) -> int:
-        return prompt_tuning_params(self.resolve(dims).prompt_length, dims.hidden_size)
+        return soft_prompt_params(self.resolve(dims).prompt_length, dims.hidden_size)
 
     def derived(self) -> dict[str, Any]:
         return {"prompt_length": self.prompt_length} if self.budget_params is not None else {}
+
+    def prompt_positions(self) -> int:
+        return self.prompt_length
 
     def budget_options(self, budget: int, dims: BackboneDims) -> list[BudgetOption]:
         length = budget // dims.hidden_size
         if length < 1:
             return []
-        params = prompt_tuning_params(length, dims.hidden_size)
+        params = soft_prompt_params(length, dims.hidden_size)
         return [BudgetOption(self.name, {"prompt_length": length}, params, budget)]
+
+    def peft_type(self) -> str:
+        return "PROMPT_TUNING"
 
 
 @register_method
@@ -88,3 +96,15 @@ class PromptTuning(PromptMethod):
         inputs_embeds = embed(input_ids)
         prompt = self.prompt.to(inputs_embeds.dtype)
         return prepend_prompt(prompt, inputs_embeds, attention_mask, token_type_ids)
+
+    def peft_adapter(self) -> PeftAdapter:
+        """peft's ``PROMPT_TUNING`` is this method exactly: the prompt prepended to the word
+        embeddings, the attention mask extended with ones (segment ids with zeros)."""
+        prompt = self.prompt.detach().cpu().float().contiguous()
+        settings = {
+            "num_virtual_tokens": prompt.shape[0],
+            "token_dim": self.dims.hidden_size,
+            "num_attention_heads": self.dims.num_heads,
+            "prompt_tuning_init": "RANDOM",
+        }
+        return PeftAdapter(prompt, settings, "prompt")

@@ -13,8 +13,9 @@ The pipeline, one module a step (the command, :mod:`raypeft.cli.report`, runs it
   (:class:`Search` with one :class:`TrialRecord` per trial; metric histories on demand).
 - the figures, each ``Search -> Figures`` or :class:`Skip` with the reason:
   :mod:`~raypeft.reporting.drawing` (what they share: :class:`Figures`, :class:`Skip`, the
-  Agg canvas, the palette), :mod:`~raypeft.reporting.dept_figures` (DePT α1 × α2 heat map,
-  score vs (m, r)), :mod:`~raypeft.reporting.pareto` (score vs trainable parameters, the two
+  Agg canvas, the palette), :mod:`~raypeft.reporting.method_figures` (the figures a method
+  asks for through its figure hints: DePT's α1 × α2 heat map and score vs (m, r)),
+  :mod:`~raypeft.reporting.pareto` (score vs trainable parameters, the two
   objectives), :mod:`~raypeft.reporting.curves` (learning curves) and
   :mod:`~raypeft.reporting.param_importance` (fANOVA importances); their order and captions
   are :data:`FIGURES` in :mod:`~raypeft.reporting.figures`.
@@ -25,18 +26,10 @@ The pipeline, one module a step (the command, :mod:`raypeft.cli.report`, runs it
 from __future__ import annotations
 
 from raypeft.reporting.curves import learning_curves
-from raypeft.reporting.dept_figures import (
-    DEPT,
-    LR_LOWRANK,
-    LR_PROMPT,
-    PROMPT_LENGTH,
-    STOPPED_NOTE,
-    budget_m_r,
-    lr_heatmap,
-)
 from raypeft.reporting.drawing import PALETTE, Figures, Skip
 from raypeft.reporting.figures import FIGURES
 from raypeft.reporting.load import Search, TrialRecord, load_search
+from raypeft.reporting.method_figures import STOPPED_NOTE, budget_m_r, lr_heatmap
 from raypeft.reporting.output import (
     EFFICIENCY_METRICS,
     REPORT_ARTIFACTS,
@@ -51,13 +44,9 @@ from raypeft.reporting.param_importance import importances
 from raypeft.reporting.pareto import objectives_pareto, params_pareto, pareto_front
 
 __all__ = [
-    "DEPT",
     "EFFICIENCY_METRICS",
     "FIGURES",
-    "LR_LOWRANK",
-    "LR_PROMPT",
     "PALETTE",
-    "PROMPT_LENGTH",
     "REPORT_ARTIFACTS",
     "STOPPED_NOTE",
     "Figures",

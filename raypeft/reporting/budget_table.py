@@ -1,7 +1,8 @@
 """What ``raypeft budget`` prints: every method's settings that fit one parameter budget.
 
-Each registered method answers through ``MethodConfig.budget_options``; this module only
-works out the budget and the backbone's shapes (flags, a model's config, an experiment file).
+Each registered method answers through ``MethodConfig.budget_options`` (and
+``budget_options_at`` for ``-m``), in registration order; this module only works out the
+budget and the backbone's shapes (flags, a model's config, an experiment file).
 """
 
 from __future__ import annotations
@@ -10,15 +11,14 @@ from dataclasses import dataclass, field
 
 from raypeft.config.schema import ExperimentConfig, ModelConfig
 from raypeft.methods import METHODS, BackboneDims, MethodConfig
-from raypeft.methods.counts import prompt_tuning_params
+from raypeft.methods.base import BudgetOption
+from raypeft.methods.sizing import soft_prompt_params
 
 # T5-base: DePT's reference shapes (the encoder's layers, where prompts go)
 DEFAULT_DIMS = BackboneDims(
     hidden_size=768, num_layers=12, vocab_size=32128, max_length=256, kind="seq2seq", num_heads=12
 )
 DEFAULT_PT_LENGTH = 100
-# listing order: the methods' family tree, then anything registered later
-ORDER = ["pt", "dept", "prefix", "idpg", "ipt"]
 
 
 @dataclass
@@ -33,7 +33,7 @@ class BudgetRequest:
     vocab_size: int | None = None
     model: str | None = None
     methods: list[str] = field(default_factory=list)
-    dept_prompt_lengths: list[int] = field(default_factory=list)
+    prompt_lengths: list[int] = field(default_factory=list)  # -m: for methods chosen by length
 
 
 def request_dims(req: BudgetRequest, cfg: ExperimentConfig | None) -> BackboneDims:
@@ -61,7 +61,7 @@ def request_dims(req: BudgetRequest, cfg: ExperimentConfig | None) -> BackboneDi
 
 
 def _method_configs(req: BudgetRequest, cfg: ExperimentConfig | None) -> list[MethodConfig]:
-    names = req.methods or sorted(METHODS, key=lambda n: (ORDER + [n]).index(n))
+    names = req.methods or list(METHODS)  # registration order: the methods' family tree
     unknown = [n for n in names if n not in METHODS]
     if unknown:
         raise ValueError(f"--method: unknown method {unknown[0]!r}; expected {sorted(METHODS)}")
@@ -84,24 +84,17 @@ def budget_rows(
         budget, what = req.params, f"{req.params:,} trainable parameters"
     else:
         length = req.prompt_length or _file_prompt_length(cfg) or DEFAULT_PT_LENGTH
-        budget = prompt_tuning_params(length, dims.hidden_size)
+        budget = soft_prompt_params(length, dims.hidden_size)
         what = f"{budget:,} trainable parameters (PT with l={length}, d={dims.hidden_size})"
         if cfg is not None and cfg.budget_params is not None and req.prompt_length is None:
             budget, what = cfg.budget_params, f"{cfg.budget_params:,} trainable parameters"
-    if req.dept_prompt_lengths and max(req.dept_prompt_lengths) * dims.hidden_size >= budget:
-        raise ValueError(
-            f"-m: every DePT m must leave room for a rank (m·d < {budget:,}), "
-            f"got m={max(req.dept_prompt_lengths)}"
-        )
     header = (
         f"Budget: {what}; backbone d={dims.hidden_size}, N={dims.num_layers}, "
         f"V={dims.vocab_size:,}, s={dims.max_length} ({dims.kind})"
     )
     rows: list[tuple[str, str, int | None, int | None]] = []
     for method in _method_configs(req, cfg):
-        options = method.budget_options(budget, dims)
-        if method.name == "dept" and req.dept_prompt_lengths:
-            options = _dept_options(method, budget, dims, req.dept_prompt_lengths)
+        options = _options(method, budget, dims, req.prompt_lengths)
         if not options:
             rows.append((method.name, "no setting fits this budget", None, None))
         for opt in options:
@@ -110,14 +103,20 @@ def budget_rows(
     return header, rows
 
 
-def _dept_options(method: MethodConfig, budget: int, dims: BackboneDims, lengths: list[int]):
-    options = []
-    for m in lengths:
-        chosen = method.model_copy(update={"prompt_length": m})
-        fits = chosen.budget_options(budget, dims)
-        options.extend(o for o in fits if o.settings["prompt_length"] == m)
-    return options
+def _options(
+    method: MethodConfig, budget: int, dims: BackboneDims, lengths: list[int]
+) -> list[BudgetOption]:
+    """The method's settings that fit; with ``-m`` lengths, those the method lists for them."""
+    if lengths:
+        try:
+            chosen = method.budget_options_at(budget, dims, lengths)
+        except ValueError as exc:
+            raise ValueError(f"-m: {exc}") from None
+        if chosen is not None:
+            return chosen
+    return method.budget_options(budget, dims)
 
 
 def _file_prompt_length(cfg: ExperimentConfig | None) -> int | None:
-    return getattr(cfg.method, "budget_prompt_length", None) if cfg else None
+    """The experiment's budget, when its method sets it as a PT length."""
+    return cfg.method.budget_length() if cfg else None

@@ -22,14 +22,24 @@ from mlflow.tracking import MlflowClient
 from raypeft.config.schema import SPACE_KINDS
 from raypeft.errors import ConfigError
 from raypeft.tracking.runs import (
-    ROLE_TAG,
-    TRIAL_ID_TAG,
-    check_store,
     find_experiment,
     get_run,
     latest_parent_run,
     tracking_uri,
     trial_runs,
+)
+from raypeft.tracking.stores import check_store
+from raypeft.tracking.tags import (
+    BEST_TRIAL_TAG,
+    ERROR_TAG,
+    METHOD_TAG,
+    METRIC_TAG,
+    MODE_TAG,
+    OBJECTIVES_TAG,
+    ROLE_SEARCH,
+    ROLE_TAG,
+    STOPPED_EARLY_TAG,
+    TRIAL_ID_TAG,
 )
 
 
@@ -105,7 +115,7 @@ def load_search(uri: str | None, experiment: str, run_id: str | None = None) -> 
         parent = get_run(client, run_id)
         if (
             parent.info.experiment_id != found.experiment_id
-            or parent.data.tags.get(ROLE_TAG) != "experiment"
+            or parent.data.tags.get(ROLE_TAG) != ROLE_SEARCH
         ):
             raise ConfigError(
                 f"run {run_id!r}: not a search (parent run) of experiment {found.name!r}"
@@ -123,8 +133,8 @@ def load_search(uri: str | None, experiment: str, run_id: str | None = None) -> 
         if key.startswith("space.") and not key.startswith("space.derived.")
     }
     tags = parent.data.tags
-    objectives, problem = _objectives(tags.get("raypeft.objectives"))
-    best = tags.get("raypeft.best_trial_id", "")
+    objectives, problem = _objectives(tags.get(OBJECTIVES_TAG))
+    best = tags.get(BEST_TRIAL_TAG, "")
     return Search(
         client, found.name, parent, metric, mode, space, trials, objectives, problem, best
     )
@@ -132,28 +142,28 @@ def load_search(uri: str | None, experiment: str, run_id: str | None = None) -> 
 
 def _trial(run: Run) -> TrialRecord:
     tags = run.data.tags
-    stopped = tags.get("raypeft.stopped_early")
+    stopped = tags.get(STOPPED_EARLY_TAG)
     return TrialRecord(
         run_id=run.info.run_id,
         trial_id=tags.get(TRIAL_ID_TAG, run.info.run_id[:8]),
-        method=tags.get("raypeft.method") or run.data.params.get("method.name", "?"),
+        method=tags.get(METHOD_TAG) or run.data.params.get("method.name", "?"),
         status=run.info.status,
         stopped_early=None if stopped is None else stopped.lower() == "true",
         params=dict(run.data.params),
         metrics=dict(run.data.metrics),
-        error=tags.get("raypeft.error", ""),
+        error=tags.get(ERROR_TAG, ""),
     )
 
 
 def _metric_and_mode(parent: Run, trials: list[TrialRecord]) -> tuple[str | None, str]:
     """The searched metric: the parent's tag, else its experiment file, else the trials'."""
     tags, params = parent.data.tags, parent.data.params
-    metric = tags.get("raypeft.metric") or _given(params.get("search.metric"))
+    metric = tags.get(METRIC_TAG) or _given(params.get("search.metric"))
     if not metric:  # older runs: whatever best_val_* the trials logged, loss last
         found = sorted({k[9:] for t in trials for k in t.metrics if k.startswith("best_val_")})
         metric = next(iter([m for m in found if m != "loss"] + found), None)
     default = "min" if metric and metric.endswith("loss") else "max"
-    mode = tags.get("raypeft.mode") or _given(params.get("search.mode")) or default
+    mode = tags.get(MODE_TAG) or _given(params.get("search.mode")) or default
     return metric, mode
 
 

@@ -1,12 +1,16 @@
-"""DePT figures: the α1 × α2 learning-rate heat map and the score vs (m, r) at a fixed budget.
+"""Figures a method asks for through its figure hints (:class:`~raypeft.methods.base.FigureHints`):
+the heat map of its two learning rates, one panel per prompt length, and the score vs
+(prompt length, rank) at a fixed budget (DePT's α1 × α2 and (m, r) figures).
 
-Both use the finished DePT trials only (``method.name = dept`` with a prompt length m); r is
-the low-rank rank the budget derived for m (``derived.rank``, else ``method.rank``).
+Both use the finished trials of the first registered method with hints that has such trials
+here (those with a prompt length); the rank is the one the budget derived for the length
+(``derived.<rank>``, else ``method.<rank>``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import plotly.graph_objects as go
@@ -14,27 +18,78 @@ from matplotlib.colors import Normalize
 from matplotlib.patches import Rectangle
 from plotly.subplots import make_subplots
 
+from raypeft.methods import METHODS
+from raypeft.methods.base import FigureHints
 from raypeft.reporting.drawing import PALETTE, Figures, Skip, _fmt, _metric_label, _mpl
 from raypeft.reporting.load import Search, TrialRecord, _given
 
-DEPT = "dept"
-LR_PROMPT, LR_LOWRANK, PROMPT_LENGTH = (
-    "method.lr_prompt",
-    "method.lr_lowrank",
-    "method.prompt_length",
-)
 STOPPED_NOTE = "* / hatched: best trial of the cell was stopped early (low-fidelity value)"
+HOVER_TAIL = "%{z:.4f} %{customdata}<extra></extra>"  # a heat map cell's score and trial
 
 
-def _dept(search: Search) -> list[TrialRecord]:
-    """Finished DePT trials with a prompt length, best first."""
-    return [t for t in search.ranked() if t.method == DEPT and t.num(PROMPT_LENGTH) is not None]
+@dataclass(frozen=True)
+class Knobs:
+    """One method's figure hints, as the logged param names the figures read."""
+
+    name: str  # the method's registered name (a trial's ``method``)
+    hints: FigureHints
+
+    @property
+    def lr_x(self) -> str:
+        return f"method.{self.hints.learning_rates[0]}"
+
+    @property
+    def lr_y(self) -> str:
+        return f"method.{self.hints.learning_rates[1]}"
+
+    @property
+    def length(self) -> str:
+        return f"method.{self.hints.length}"
+
+    def rank(self, trial: TrialRecord) -> str:
+        """The trial's rank (derived from the budget, else set), as a tick label."""
+        r = trial.num(f"derived.{self.hints.rank}")
+        r = r if r is not None else trial.num(f"method.{self.hints.rank}")
+        return "?" if r is None else _fmt(r)
+
+    def length_of(self, trial: TrialRecord) -> int:
+        return int(trial.num(self.length))
 
 
-def _rank_r(trial: TrialRecord) -> str:
-    r = trial.num("derived.rank")
-    r = r if r is not None else trial.num("method.rank")
-    return "?" if r is None else _fmt(r)
+def hinted_methods() -> list[Knobs]:
+    """Every registered method with figure hints, in registration order."""
+    return [
+        Knobs(name, method.config_cls.figure_hints)
+        for name, method in METHODS.items()
+        if method.config_cls.figure_hints is not None
+    ]
+
+
+def captions() -> tuple[str, str]:
+    """What the heat map and the budget figure show, in the first hinted method's words."""
+    methods = hinted_methods()
+    if not methods:
+        return "learning-rate heat map (no method declares one)", "score vs (length, rank)"
+    h = methods[0].hints
+    per = f"{h.length.replace('_', ' ')} {h.length_symbol}"
+    return (
+        f"{h.label} {h.lr_symbols[0]} × {h.lr_symbols[1]} heat map, one panel per {per}",
+        f"{h.label} score vs ({h.length_symbol}, {h.rank_symbol}) at the fixed budget",
+    )
+
+
+def _trials(search: Search) -> tuple[Knobs, list[TrialRecord]]:
+    """The first hinted method with finished trials that have a prompt length (best first);
+    the first hinted method and no trials when none has any."""
+    methods = hinted_methods()
+    if not methods:
+        raise Skip("no registered method declares figure hints")
+    for knobs in methods:
+        ranked = search.ranked()
+        trials = [t for t in ranked if t.method == knobs.name and t.num(knobs.length) is not None]
+        if trials:
+            return knobs, trials
+    return methods[0], []
 
 
 def _axis(values: list[float], max_ticks: int = 10) -> tuple[list[str], Callable[[float], int]]:
@@ -49,36 +104,78 @@ def _axis(values: list[float], max_ticks: int = 10) -> tuple[list[str], Callable
     return labels, lambda v: min(int(np.searchsorted(edges, v, side="right")) - 1, n - 1)
 
 
-def lr_heatmap(search: Search) -> Figures:
-    """DePT: best score per (α1, α2) cell, one panel per prompt length m."""
-    trials = [t for t in _dept(search) if None not in (t.num(LR_PROMPT), t.num(LR_LOWRANK))]
+# ----------------------------------------------------------------------------- heat map
+
+
+@dataclass
+class HeatMap:
+    """The heat map's data: axes, one cell grid per prompt length, the colour range."""
+
+    knobs: Knobs
+    xs: list[str]
+    ys: list[str]
+    lengths: list[int]
+    cells: dict[int, dict[tuple[int, int], TrialRecord]]  # length -> (y, x) -> best trial
+    lo: float
+    hi: float
+
+    @property
+    def titles(self) -> list[str]:
+        h = self.knobs.hints
+        return [
+            f"{h.length_symbol}={m} ({h.rank_symbol}="
+            f"{self.knobs.rank(next(iter(self.cells[m].values())))})"
+            for m in self.lengths
+        ]
+
+    @property
+    def any_stopped(self) -> bool:
+        return any(t.stopped_early for c in self.cells.values() for t in c.values())
+
+
+def _heat_map(search: Search) -> HeatMap:
+    knobs, trials = _trials(search)
+    trials = [t for t in trials if None not in (t.num(knobs.lr_x), t.num(knobs.lr_y))]
     if not trials:
-        raise Skip(f"no finished DePT trial with {LR_PROMPT} and {LR_LOWRANK}")
-    xs, x_of = _axis([t.num(LR_PROMPT) for t in trials])
-    ys, y_of = _axis([t.num(LR_LOWRANK) for t in trials])
+        raise Skip(f"no finished {knobs.hints.label} trial with {knobs.lr_x} and {knobs.lr_y}")
+    xs, x_of = _axis([t.num(knobs.lr_x) for t in trials])
+    ys, y_of = _axis([t.num(knobs.lr_y) for t in trials])
     if len(xs) * len(ys) < 2:
-        raise Skip("α1 and α2 take one value each: nothing to map")
-    ms = sorted({int(t.num(PROMPT_LENGTH)) for t in trials})
-    cells: dict[int, dict[tuple[int, int], TrialRecord]] = {m: {} for m in ms}
+        s1, s2 = knobs.hints.lr_symbols
+        raise Skip(f"{s1} and {s2} take one value each: nothing to map")
+    lengths = sorted({knobs.length_of(t) for t in trials})
+    cells: dict[int, dict[tuple[int, int], TrialRecord]] = {m: {} for m in lengths}
     for t in trials:  # best first, so the first trial of a cell is its best
-        key = (y_of(t.num(LR_LOWRANK)), x_of(t.num(LR_PROMPT)))
-        cells[int(t.num(PROMPT_LENGTH))].setdefault(key, t)
+        key = (y_of(t.num(knobs.lr_y)), x_of(t.num(knobs.lr_x)))
+        cells[knobs.length_of(t)].setdefault(key, t)
     values = [t.value for t in trials]
     lo, hi = min(values), max(values)
     if hi - lo < 1e-9:  # every cell ties: a small band around it, not a degenerate scale
         pad = max(abs(lo) * 0.01, 1e-3)
         lo, hi = lo - pad, hi + pad
-    norm = Normalize(lo, hi)
-    cmap = "viridis" if search.mode == "max" else "viridis_r"  # bright = better either way
-    titles = [f"m={m} (r={_rank_r(next(iter(cells[m].values())))})" for m in ms]
-    any_stopped = any(t.stopped_early for c in cells.values() for t in c.values())
-    title = f"DePT: {_metric_label(search)} per α1 × α2 cell"
+    return HeatMap(knobs, xs, ys, lengths, cells, lo, hi)
 
+
+def lr_heatmap(search: Search) -> Figures:
+    """A hinted method's best score per pair of its two learning rates (DePT: α1 × α2), one
+    panel per prompt length."""
+    data = _heat_map(search)
+    h = data.knobs.hints
+    title = f"{h.label}: {_metric_label(search)} per {h.lr_symbols[0]} × {h.lr_symbols[1]} cell"
+    png = _heatmap_png(search, data, title)
+    html = _heatmap_html(search, data, title)
+    return Figures(png, html, "cells marked * were stopped early" if data.any_stopped else "")
+
+
+def _heatmap_png(search: Search, data: HeatMap, title: str):
+    xs, ys, ms, knobs = data.xs, data.ys, data.lengths, data.knobs
+    norm = Normalize(data.lo, data.hi)
+    cmap = "viridis" if search.mode == "max" else "viridis_r"  # bright = better either way
     png = _mpl(1.5 + 0.9 * len(xs) * len(ms) + 0.6 * len(ms), 2.2 + 0.45 * len(ys))
     axes = png.subplots(1, len(ms), squeeze=False)[0]
-    for ax, m, sub in zip(axes, ms, titles, strict=True):
+    for ax, m, sub in zip(axes, ms, data.titles, strict=True):
         grid = np.full((len(ys), len(xs)), np.nan)
-        for (j, i), t in cells[m].items():
+        for (j, i), t in data.cells[m].items():
             grid[j, i] = t.value
             ink = "black" if norm(t.value) > 0.5 else "white"
             if search.mode == "min":
@@ -95,100 +192,126 @@ def lr_heatmap(search: Search) -> Figures:
         ax.set_xticks(range(len(xs)), xs, rotation=30 if len(xs) > 4 else 0)
         ax.set_yticks(range(len(ys)), ys)
         ax.set_title(sub, fontsize=10)
-        ax.set_xlabel(f"α1 ({LR_PROMPT})")
-    axes[0].set_ylabel(f"α2 ({LR_LOWRANK})")
+        ax.set_xlabel(f"{knobs.hints.lr_symbols[0]} ({knobs.lr_x})")
+    axes[0].set_ylabel(f"{knobs.hints.lr_symbols[1]} ({knobs.lr_y})")
     png.colorbar(image, ax=list(axes), label=_metric_label(search), format="%.3g")
     png.suptitle(title, fontsize=11)
-    if any_stopped:
+    if data.any_stopped:
         png.supxlabel(STOPPED_NOTE, fontsize=7)  # laid out below the axes, never over them
+    return png
 
-    html = make_subplots(rows=1, cols=len(ms), subplot_titles=titles, shared_yaxes=True)
-    for k, m in enumerate(ms, start=1):
+
+def _heatmap_html(search: Search, data: HeatMap, title: str) -> go.Figure:
+    xs, ys, h = data.xs, data.ys, data.knobs.hints
+    (s1, s2), (lr1, lr2) = h.lr_symbols, h.learning_rates
+    cols = len(data.lengths)
+    html = make_subplots(rows=1, cols=cols, subplot_titles=data.titles, shared_yaxes=True)
+    for k, m in enumerate(data.lengths, start=1):
         z = [[None] * len(xs) for _ in ys]
         text = [[""] * len(xs) for _ in ys]
         who = [[""] * len(xs) for _ in ys]
-        for (j, i), t in cells[m].items():
+        for (j, i), t in data.cells[m].items():
             z[j][i] = t.value
             text[j][i] = f"{t.value:.3f}" + ("*" if t.stopped_early else "")
             who[j][i] = t.label + (" stopped early" if t.stopped_early else "")
-        html.add_trace(
-            go.Heatmap(
-                z=z,
-                x=xs,
-                y=ys,
-                text=text,
-                customdata=who,
-                texttemplate="%{text}",
-                hovertemplate="α1=%{x}<br>α2=%{y}<br>%{z:.4f} %{customdata}<extra></extra>",
-                coloraxis="coloraxis",
-                name=f"m={m}",
-                xgap=2,
-                ygap=2,
-            ),
-            1,
-            k,
+        heat = go.Heatmap(
+            z=z,
+            x=xs,
+            y=ys,
+            text=text,
+            customdata=who,
+            texttemplate="%{text}",
+            hovertemplate=f"{s1}=%{{x}}<br>{s2}=%{{y}}<br>" + HOVER_TAIL,
+            coloraxis="coloraxis",
+            name=f"{h.length_symbol}={m}",
+            xgap=2,
+            ygap=2,
         )
-    html.update_xaxes(type="category", title_text="α1 (lr_prompt)")
+        html.add_trace(heat, 1, k)
+    html.update_xaxes(type="category", title_text=f"{s1} ({lr1})")
     html.update_yaxes(type="category")
-    html.update_yaxes(title_text="α2 (lr_lowrank)", col=1)
+    html.update_yaxes(title_text=f"{s2} ({lr2})", col=1)
     html.update_layout(
-        title=title + (" (* stopped early: low fidelity)" if any_stopped else ""),
+        title=title + (" (* stopped early: low fidelity)" if data.any_stopped else ""),
         coloraxis={
             "colorscale": "Viridis",
             "reversescale": search.mode == "min",
-            "cmin": lo,
-            "cmax": hi,
+            "cmin": data.lo,
+            "cmax": data.hi,
             "colorbar": {"title": {"text": search.metric}},
         },
     )
-    return Figures(png, html, "cells marked * were stopped early" if any_stopped else "")
+    return html
+
+
+# ----------------------------------------------------------------------------- budget figure
 
 
 def budget_m_r(search: Search) -> Figures:
-    """DePT at a fixed budget: every trial and the best per prompt length m (with its r)."""
-    trials = _dept(search)
+    """A hinted method at a fixed budget: every trial and the best per prompt length (with
+    the rank the budget derived for it; DePT's m and r)."""
+    knobs, trials = _trials(search)
+    h = knobs.hints
+    m_, r_ = h.length_symbol, h.rank_symbol
     if not trials:
-        raise Skip(f"no finished DePT trial with {PROMPT_LENGTH}")
-    ms = sorted({int(t.num(PROMPT_LENGTH)) for t in trials})
-    best = {m: next(t for t in trials if int(t.num(PROMPT_LENGTH)) == m) for m in ms}
-    ticks = [f"m={m} / r={_rank_r(best[m])}" for m in ms]
-    tick_of = dict(zip(ms, ticks, strict=True))
+        raise Skip(f"no finished {h.label} trial with {knobs.length}")
+    ms = sorted({knobs.length_of(t) for t in trials})
+    best = {m: next(t for t in trials if knobs.length_of(t) == m) for m in ms}
+    ticks = [f"{m_}={m} / {r_}={knobs.rank(best[m])}" for m in ms]
     params = search.parent.data.params
-    budget = _given(params.get("method.budget_prompt_length"))
+    budget = _given(params.get(f"method.{h.budget_length}")) if h.budget_length else None
     budget = f"PT length {budget}" if budget else _given(params.get("budget_params"))
-    title = f"DePT at a fixed budget ({budget or 'not recorded'}):\n{search.metric} vs (m, r)"
+    title = (
+        f"{h.label} at a fixed budget ({budget or 'not recorded'}):\n"
+        f"{search.metric} vs ({m_}, {r_})"
+    )
     groups = {
         "trials": [t for t in trials if not t.stopped_early],
         "stopped early": [t for t in trials if t.stopped_early],
     }
+    png = _budget_png(search, knobs, groups, best, ticks, title)
+    html = _budget_html(search, knobs, groups, best, ticks, title)
+    return Figures(png, html)
 
+
+def _budget_png(search: Search, knobs: Knobs, groups, best, ticks: list[str], title: str):
+    ms, h = list(best), knobs.hints
     png = _mpl(max(4.5, 1.5 + 1.1 * len(ms)), 4)
     ax = png.subplots()
     x_of = {m: i for i, m in enumerate(ms)}
     for name, group in groups.items():
         if group:
             ax.scatter(
-                [x_of[int(t.num(PROMPT_LENGTH))] for t in group],
+                [x_of[knobs.length_of(t)] for t in group],
                 [t.value for t in group],
                 facecolors="none" if name == "stopped early" else PALETTE[0],
                 edgecolors=PALETTE[0],
                 alpha=0.7,
                 label=name,
             )
-    ax.plot(range(len(ms)), [best[m].value for m in ms], "-o", color=PALETTE[1], label="best per m")
+    best_label = f"best per {h.length_symbol}"
+    ax.plot(range(len(ms)), [best[m].value for m in ms], "-o", color=PALETTE[1], label=best_label)
     ax.set_xticks(range(len(ms)), ticks)
     ax.set_xlim(-0.5, len(ms) - 0.5)
     ax.set_ylabel(_metric_label(search))
-    ax.set_xlabel("prompt length m / derived rank r")
+    length = h.length.replace("_", " ")
+    ax.set_xlabel(f"{length} {h.length_symbol} / derived {h.rank} {h.rank_symbol}")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
+    return png
 
+
+def _budget_html(
+    search: Search, knobs: Knobs, groups, best, ticks: list[str], title: str
+) -> go.Figure:
+    ms, h = list(best), knobs.hints
+    tick_of = dict(zip(ms, ticks, strict=True))
     html = go.Figure()
     for name, group in groups.items():
         if group:
             html.add_trace(
                 go.Scatter(
-                    x=[tick_of[int(t.num(PROMPT_LENGTH))] for t in group],
+                    x=[tick_of[knobs.length_of(t)] for t in group],
                     y=[t.value for t in group],
                     text=[t.label for t in group],
                     mode="markers",
@@ -205,12 +328,15 @@ def budget_m_r(search: Search) -> Figures:
             y=[best[m].value for m in ms],
             text=[best[m].label for m in ms],
             mode="lines+markers",
-            name="best per m",
+            name=f"best per {h.length_symbol}",
             line={"color": PALETTE[1]},
         )
     )
     html.update_xaxes(
-        type="category", categoryorder="array", categoryarray=ticks, title_text="m / r"
+        type="category",
+        categoryorder="array",
+        categoryarray=ticks,
+        title_text=f"{h.length_symbol} / {h.rank_symbol}",
     )
     html.update_layout(title=title.replace("\n", " "), yaxis_title=_metric_label(search))
-    return Figures(png, html)
+    return html

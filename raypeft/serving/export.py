@@ -1,19 +1,12 @@
 """Export a trained trial as a Hugging Face peft adapter, and check that peft loads it.
 
-Two raypeft methods have an exact peft equivalent:
-
-- ``pt`` (soft prompt tuning) -> ``PROMPT_TUNING``. raypeft prepends the prompt to the word
-  embeddings, extends the attention mask with ones (and segment ids with zeros): peft's
-  ``PeftModelForSequenceClassification`` / ``PeftModelForSeq2SeqLM`` do the same. For
-  seq2seq models raypeft prompts the encoder only: ``num_transformer_submodules: 1`` (peft's
-  default of 2 would also prompt the decoder).
-- ``prefix`` with ``style: kv`` (key/value prefixes per layer) -> ``PREFIX_TUNING`` without
-  projection: peft's prefix embedding row ``i`` holds token ``i``'s keys and values of every
-  layer, laid out ``(layer, key|value, head, head_dim)``; raypeft's tensor is
-  ``(layer, key|value, head, token, head_dim)``, a transpose of the same numbers.
-
-Other methods (DePT's low-rank embedding update, IDPG's and IPT's per-example prompts, deep
-prompts replacing hidden states) have no peft counterpart.
+A method with an exact peft equivalent says so through its hooks
+(:meth:`~raypeft.methods.base.MethodConfig.peft_type`, and
+:meth:`~raypeft.methods.base.PromptMethod.peft_adapter` for the tensors in peft's layout and
+peft's config settings); every other method's ``peft_type`` raises with the reason. This
+module adds what every adapter shares: the task type, the base model, the head, the files,
+and the verification. For seq2seq models raypeft prompts the encoder only:
+``num_transformer_submodules: 1`` (peft's default of 2 would also prompt the decoder).
 
 The trained task head (``classifier`` / ``score``) goes under peft's ``modules_to_save``
 naming: ``base_model.<parameter name>`` in the file, ``modules_to_save`` in the config.
@@ -46,6 +39,8 @@ from raypeft.errors import ConfigError
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 README = "README.md"
+# safetensors metadata as peft writes it: the tensors' framework, PyTorch (not a method name)
+WEIGHTS_METADATA = {"format": "pt"}
 PEFT_INSTALL_HINT = "pip install 'raypeft[peft]'"
 
 # Inputs the verification feeds both models: short, mid and one longer than any tiny
@@ -83,27 +78,10 @@ def require_peft() -> Any:
 
 def peft_type_for(cfg: ExperimentConfig) -> str:
     """The peft type a trained method maps onto (ConfigError if none does)."""
-    method = cfg.method
-    if method.name == "pt":
-        return "PROMPT_TUNING"
-    if method.name == "prefix":
-        if method.style == "kv":
-            return "PREFIX_TUNING"
-        raise ConfigError(
-            "method prefix with style: hidden has no peft equivalent (it replaces hidden "
-            "states at every layer; peft's PREFIX_TUNING and P_TUNING do not); only "
-            "style: kv maps onto peft's PREFIX_TUNING"
-        )
-    reasons = {
-        "dept": "its low-rank update of the input embeddings",
-        "idpg": "its per-example generated prompts",
-        "ipt": "its per-example (instance-wise) prompts",
-    }
-    why = f" ({reasons[method.name]})" if method.name in reasons else ""
-    raise ConfigError(
-        f"method {method.name!r} has no peft equivalent{why}; peft export supports pt "
-        "(PROMPT_TUNING) and prefix with style: kv (PREFIX_TUNING)"
-    )
+    try:
+        return cfg.method.peft_type()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_out_dir(out: Path, force: bool) -> None:
@@ -132,11 +110,7 @@ def _head_modules(names) -> list[str]:
 
 def expected_prompt(cfg: ExperimentConfig, model) -> torch.Tensor:
     """The trained prompt in peft's layout (its prompt embedding's weight)."""
-    if cfg.method.name == "pt":
-        return model.method.prompt.detach().cpu().float().contiguous()
-    prompts = model.method.prompts.detach().cpu().float()  # (layers, 2, heads, t, head_dim)
-    t = prompts.shape[3]
-    return prompts.permute(3, 0, 1, 2, 4).reshape(t, -1).contiguous()
+    return model.method.peft_adapter().prompt_embeddings
 
 
 def adapter_config(cfg: ExperimentConfig, meta: dict[str, Any], model) -> Any:
@@ -147,31 +121,18 @@ def adapter_config(cfg: ExperimentConfig, meta: dict[str, Any], model) -> Any:
     dims = model.dims
     task_type = "SEQ_2_SEQ_LM" if dims.kind == "seq2seq" else "SEQ_CLS"
     heads = _head_modules(_head_tensors(model)) or None
-    common = dict(
-        task_type=task_type,
-        base_model_name_or_path=resolve_source(cfg.model.name),
-        revision=cfg.model.revision,
-        inference_mode=True,
-        num_layers=dims.num_layers,
-        modules_to_save=heads,
-        num_transformer_submodules=1,  # raypeft prompts a seq2seq model's encoder only
-    )
-    if cfg.method.name == "pt":
-        return peft.PromptTuningConfig(
-            num_virtual_tokens=model.method.prompt.shape[0],
-            token_dim=dims.hidden_size,
-            num_attention_heads=dims.num_heads,
-            prompt_tuning_init="RANDOM",
-            **common,
-        )
-    heads_kv = dims.kv_heads or dims.num_heads
-    return peft.PrefixTuningConfig(
-        num_virtual_tokens=model.method.prompts.shape[3],
-        token_dim=dims.kv_size,  # one layer's key width (grouped-query: kv heads only)
-        num_attention_heads=heads_kv,
-        encoder_hidden_size=dims.kv_size,
-        prefix_projection=False,
-        **common,
+    return peft.get_peft_config(
+        {
+            "peft_type": peft_type_for(cfg),
+            **model.method.peft_adapter().settings,
+            "task_type": task_type,
+            "base_model_name_or_path": resolve_source(cfg.model.name),
+            "revision": cfg.model.revision,
+            "inference_mode": True,
+            "num_layers": dims.num_layers,
+            "modules_to_save": heads,
+            "num_transformer_submodules": 1,  # raypeft prompts a seq2seq model's encoder only
+        }
     )
 
 
@@ -232,7 +193,7 @@ def write_adapter(folder: Path, cfg: ExperimentConfig, meta: dict[str, Any], mod
     """Write the adapter files into ``folder``; returns peft's config."""
     config = adapter_config(cfg, meta, model)
     config.save_pretrained(str(folder))  # adapter_config.json, as peft writes it
-    save_file(adapter_tensors(cfg, model), str(folder / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    save_file(adapter_tensors(cfg, model), str(folder / ADAPTER_WEIGHTS), WEIGHTS_METADATA)
     (folder / README).write_text(_readme(cfg, meta, config, model))
     return config
 
@@ -290,7 +251,7 @@ def verify_adapter(folder: Path, cfg: ExperimentConfig, meta: dict[str, Any], pr
             f"peft's prompt embeddings {tuple(loaded.shape)} differ from the trained ones "
             f"{tuple(expected.shape)}"
         )
-    what = "prompt" if cfg.method.name == "pt" else "key/value prefixes"
+    what = model.method.peft_adapter().what
     report.add(f"  {what}: peft's embedding {tuple(loaded.shape)} equals the trained tensor")
 
     if trained_head:

@@ -3,9 +3,9 @@
 A trained model is a folder (a trial's ``model/`` artefacts, or a search's ``best_model/``):
 ``trainable.safetensors`` (method and head tensors), ``config.yaml`` (the resolved experiment
 config) and ``task.json`` (label names, verbalizers, whether inputs are text pairs). The
-backbone is rebuilt as training built it (:func:`raypeft.training.loop.build_model`, same seed), the
-trained tensors are loaded over it, and new texts go through the training path: tokenised by
-:func:`raypeft.data.tokenize.tokenize_texts` with the same padding side and length, the
+backbone is rebuilt as training built it (:func:`raypeft.modeling.build.build_model`, same
+seed), the trained tensors are loaded over it, and new texts go through the training path:
+tokenised by :func:`raypeft.data.tokenize.tokenize_texts` with the same padding side and length, the
 method's per-example features computed by its :class:`~raypeft.methods.base.FeatureSpec` s,
 then :meth:`raypeft.modeling.prompted.PromptedModel.predict`.
 """
@@ -28,8 +28,10 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask, tokenize_texts
 from raypeft.errors import ConfigError
+from raypeft.modeling.backbones import frozen_backbone
+from raypeft.modeling.build import build_model
 from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
-from raypeft.training.loop import CONFIG_FILE, TASK_FILE, build_model
+from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE
 
 UNMATCHED = "<unmatched>"  # a seq2seq model wrote text that names no class
 
@@ -176,8 +178,9 @@ class Predictor:
         batch: dict[str, Any] = {k: torch.as_tensor(v) for k, v in arrays.items()}
         if self.specs:
             raw = feature_texts(list(texts), pairs)
+            backbone = frozen_backbone(self.cfg.model)  # the one the driver encoded with
             batch["features"] = {
-                name: torch.as_tensor(np.asarray(spec.compute(raw, arrays, self.cfg.model)))
+                name: torch.as_tensor(np.asarray(spec.compute(raw, arrays, backbone)))
                 for name, spec in self.specs.items()
             }
         return _to_device(batch, self.device)

@@ -15,11 +15,9 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from raypeft.errors import ConfigError
+from raypeft.tracking.tags import BEST_RUN_TAG, ROLE_SEARCH, ROLE_TAG, ROLE_TRIAL
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # MLflow's own default store
-ROLE_TAG = "raypeft.role"
-TRIAL_ID_TAG = "raypeft.trial_id"
-BEST_RUN_TAG = "raypeft.best_run_id"
 MODEL_ARTIFACTS = "model"  # a trial run's best checkpoint
 BEST_MODEL_ARTIFACTS = "best_model"  # the parent run's copy of the best trial's checkpoint
 
@@ -27,16 +25,6 @@ BEST_MODEL_ARTIFACTS = "best_model"  # the parent run's copy of the best trial's
 def tracking_uri(uri: str | None = None) -> str:
     """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
     return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-
-
-def check_store(uri: str) -> None:
-    """A local sqlite store must exist: reading must never create an empty one."""
-    if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///") :])
-        if not path.is_file():
-            raise ConfigError(
-                f"{path}: no MLflow store here (run a search first, or give --tracking-uri)"
-            )
 
 
 def find_experiment(client: MlflowClient, name_or_id: str) -> Experiment:
@@ -58,7 +46,7 @@ def parent_runs(client: MlflowClient, experiment_id: str) -> list[Run]:
     """The experiment's searches (parent runs), newest first."""
     return client.search_runs(
         [experiment_id],
-        filter_string=f"tags.`{ROLE_TAG}` = 'experiment'",
+        filter_string=f"tags.`{ROLE_TAG}` = '{ROLE_SEARCH}'",
         order_by=["attributes.start_time DESC"],
     )
 
@@ -77,7 +65,7 @@ def trial_runs(client: MlflowClient, experiment_id: str, parent_run_id: str) -> 
     return client.search_runs(
         [experiment_id],
         filter_string=(
-            f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{ROLE_TAG}` = 'trial'"
+            f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{ROLE_TAG}` = '{ROLE_TRIAL}'"
         ),
         max_results=50_000,
     )
@@ -105,7 +93,7 @@ def best_trial_run(client: MlflowClient, experiment_name: str) -> Run:
 def download_model(client: MlflowClient, run: Run, dst: Path) -> Path:
     """The trained artefacts of a trial run (or of a search's best model) as a local folder."""
     role = run.data.tags.get(ROLE_TAG)
-    path = BEST_MODEL_ARTIFACTS if role == "experiment" else MODEL_ARTIFACTS
+    path = BEST_MODEL_ARTIFACTS if role == ROLE_SEARCH else MODEL_ARTIFACTS
     try:
         local = client.download_artifacts(run.info.run_id, path, str(dst))
     except (MlflowException, OSError):

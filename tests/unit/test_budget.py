@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from raypeft.methods import BackboneDims
-from raypeft.methods.counts import dept_params, dept_rank_for_budget, prompt_tuning_params
-from raypeft.methods.dept import DePTConfig
+from raypeft.methods.dept import DePTConfig, dept_params, dept_rank_for_budget
+from raypeft.methods.sizing import soft_prompt_params
 
 D, S, L = 768, 256, 100  # T5-base hidden size, max length, PT prompt length
 PAPER = {20: 60, 40: 45, 60: 30, 80: 15}  # DePT Table: m -> r at PT's budget
@@ -16,22 +16,17 @@ T5_BASE = BackboneDims(hidden_size=D, num_layers=12, vocab_size=32128, max_lengt
 def dept_budget_table(prompt_lengths: list[int] | None = None) -> list[tuple[int, int, int, int]]:
     """(m, r, count, slack) rows of DePT at PT's budget, as `raypeft budget` lists them."""
     cfg = DePTConfig(prompt_length=prompt_lengths[0] if prompt_lengths else 40, rank=1)
-    options = cfg.budget_options(prompt_tuning_params(L, D), T5_BASE)
-    rows = [(o.settings["prompt_length"], o.settings["rank"], o.params, o.slack) for o in options]
+    budget = soft_prompt_params(L, D)
     if prompt_lengths is None:
-        return rows
-    wanted = []
-    for m in prompt_lengths:
-        one = cfg.model_copy(update={"prompt_length": m})
-        for o in one.budget_options(prompt_tuning_params(L, D), T5_BASE):
-            if o.settings["prompt_length"] == m:
-                wanted.append((m, o.settings["rank"], o.params, o.slack))
-    return wanted
+        options = cfg.budget_options(budget, T5_BASE)
+    else:  # `raypeft budget -m ...`
+        options = cfg.budget_options_at(budget, T5_BASE, prompt_lengths)
+    return [(o.settings["prompt_length"], o.settings["rank"], o.params, o.slack) for o in options]
 
 
 def test_prompt_tuning_t5_base():
-    assert prompt_tuning_params(L, D) == 76_800
-    assert prompt_tuning_params(5, 1024) == 5_120  # IDPG's PT (t=5), RoBERTa-large
+    assert soft_prompt_params(L, D) == 76_800
+    assert soft_prompt_params(5, 1024) == 5_120  # IDPG's PT (t=5), RoBERTa-large
 
 
 @pytest.mark.parametrize("m,r", sorted(PAPER.items()))
@@ -83,3 +78,9 @@ def test_prompt_length_not_below_budget_raises(m):
     # as a config: a prompt as long as PT's leaves no room for A·B
     with pytest.raises(ValueError, match="prompt_length < budget_prompt_length"):
         DePTConfig(prompt_length=m, budget_prompt_length=L)
+
+
+def test_budget_options_at_refuses_a_length_without_room_for_a_rank():
+    cfg = DePTConfig(prompt_length=40, rank=1)
+    with pytest.raises(ValueError, match="every DePT m must leave room for a rank"):
+        cfg.budget_options_at(soft_prompt_params(L, D), T5_BASE, [20, L])

@@ -13,8 +13,7 @@ from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims, build_method
-from raypeft.methods.counts import idpg_params
-from raypeft.methods.idpg.method import IDPG, IDPGConfig
+from raypeft.methods.idpg.method import IDPG, IDPGConfig, idpg_params
 from raypeft.methods.idpg.phm import PHMLinear, init_phm_a
 from raypeft.methods.idpg.sentence_encoders import (
     BackboneEncoding,
@@ -24,8 +23,9 @@ from raypeft.methods.idpg.sentence_encoders import (
     pool,
 )
 from raypeft.methods.prompt_tuning import PromptTuningConfig
+from raypeft.modeling.backbones import frozen_backbone
 from raypeft.modeling.prompted import PromptedModel
-from raypeft.training.loop import build_optimizer
+from raypeft.training.optimizer import build_optimizer
 
 # tiny-bert: d=32, N=2. PHM n=4 divides d, m=8 and t·d=96.
 SMALL = {"prompt_length": 3, "generator_hidden": 8, "phm_n": 4}
@@ -403,7 +403,8 @@ def test_glove_errors_name_the_file(tmp_path):
 @pytest.mark.parametrize("how", ["first", "mean", "last"])
 def test_backbone_encoding_equals_manual_pooled_forward(tiny_model_cfg, tiny_backbone, how):
     arrays = {k: v.numpy() for k, v in _token_arrays().items()}
-    out = BackboneEncoding(pooling=how).compute([], arrays, tiny_model_cfg)
+    backbone = frozen_backbone(tiny_model_cfg)  # what the driver hands to feature specs
+    out = BackboneEncoding(pooling=how).compute([], arrays, backbone)
     assert out.dtype == np.float32 and out.shape == (5, D)
     bert = tiny_backbone(seed=0).model.bert  # the same seed-0 backbone, built by hand
     tensors = _token_arrays()

@@ -26,7 +26,9 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.data.tokenize import prepare_task
 from raypeft.errors import ConfigError
 from raypeft.serving.predict import UNMATCHED, Predictor, load_trained, tokenize_inputs
-from raypeft.training.loop import TASK_FILE, load_checkpoint, split_dataset, train
+from raypeft.training.checkpoints import TASK_FILE, load_checkpoint
+from raypeft.training.datasets import split_dataset
+from raypeft.training.loop import train
 
 S = 16
 PT = {"name": "pt", "prompt_length": 4, "lr": 0.05}

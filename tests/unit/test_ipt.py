@@ -11,19 +11,19 @@ from pydantic import ValidationError
 from raypeft.config.schema import ModelConfig
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
-from raypeft.methods.counts import (
-    ipt_deep_params,
+from raypeft.methods.ipt import pretrain as pretrain_module
+from raypeft.methods.ipt.corpora import load_corpus
+from raypeft.methods.ipt.method import IPTConfig, first_real_tokens, ipt_deep_params, read_count
+from raypeft.methods.ipt.text_encoders import (
+    EncoderSpec,
     lstm_encoder_params,
     mlp_encoder_params,
     textcnn_encoder_params,
 )
-from raypeft.methods.ipt import pretrain as pretrain_module
-from raypeft.methods.ipt.corpora import load_corpus
-from raypeft.methods.ipt.method import IPTConfig, first_real_tokens, read_count
-from raypeft.methods.ipt.text_encoders import EncoderSpec
+from raypeft.modeling.backbones import frozen_backbone, load_tokenizer
 from raypeft.modeling.prompted import PromptedModel
 from raypeft.modeling.prompted import head_loss as loss_fn
-from raypeft.training.loop import build_optimizer
+from raypeft.training.optimizer import build_optimizer
 
 V, D, N, S = 30522, 32, 2, 16  # tiny-bert: MiniLM's vocabulary, d=32, 2 layers, s=16
 
@@ -246,9 +246,9 @@ def test_pretrained_table_comes_from_the_cache_and_is_reused(
     calls = []
     real = pretrain_module.pretrain_textcnn
     monkeypatch.setattr(
-        pretrain_module, "pretrain_textcnn", lambda spec: calls.append(spec) or real(spec)
+        pretrain_module, "pretrain_textcnn", lambda spec, tok: calls.append(spec) or real(spec, tok)
     )
-    cfg.warm_up(tiny_model_cfg)
+    cfg.warm_up(frozen_backbone(tiny_model_cfg))
     assert len(calls) == 1 and calls[0].tokenizer == "minilm"  # tiny-bert borrows its tokenizer
     backbone = tiny_backbone()
     path = cfg.pretrain_spec(backbone.dims).path()
@@ -265,11 +265,11 @@ def test_pretrained_table_comes_from_the_cache_and_is_reused(
     torch.testing.assert_close(table, cached * scale)
     assert table.std().item() == pytest.approx(backbone.word_embeddings.weight.std().item())
     # second use: the cache answers, pretraining does not run again
-    cfg.warm_up(tiny_model_cfg)
+    cfg.warm_up(frozen_backbone(tiny_model_cfg))
     again = PromptedModel(tiny_backbone(), cfg).method.table
     assert len(calls) == 1 and torch.equal(again, table)
     # a different pretraining setting is a different cache entry
-    cfg.model_copy(update={"pretrain_seed": 1}).warm_up(tiny_model_cfg)
+    cfg.model_copy(update={"pretrain_seed": 1}).warm_up(frozen_backbone(tiny_model_cfg))
     assert len(calls) == 2 and len(list(path.parent.glob("*.safetensors"))) == 2
 
 
@@ -280,7 +280,7 @@ def test_a_trial_without_the_cache_builds_the_table_itself(
     calls = []
     real = pretrain_module.pretrain_textcnn
     monkeypatch.setattr(
-        pretrain_module, "pretrain_textcnn", lambda spec: calls.append(spec) or real(spec)
+        pretrain_module, "pretrain_textcnn", lambda spec, tok: calls.append(spec) or real(spec, tok)
     )
     cfg = _pretrained_cfg(small_corpus, strategy="encoder")
     PromptedModel(tiny_backbone(), cfg)
@@ -301,12 +301,13 @@ def test_pretraining_learns_the_corpus(small_corpus):
         tokenizer="tiny-bert", vocab_size=V, embed_dim=8, corpus=str(small_corpus), epochs=8,
         width=8, batch_size=4, seed=0,
     )  # fmt: skip
-    result = pretrain_module.pretrain_textcnn(spec)
+    tokenizer = load_tokenizer("tiny-bert")
+    result = pretrain_module.pretrain_textcnn(spec, tokenizer)
     assert result.categories == ["money", "sport"] and result.num_docs == 16
     assert result.state["embedding"].shape == (V, 8)
     assert result.state["body.convs.0.weight"].shape == (8, 8, 3)
     assert result.accuracy == 1.0  # one held-out document of an easy corpus
-    again = pretrain_module.pretrain_textcnn(spec)  # fixed seed: the same table
+    again = pretrain_module.pretrain_textcnn(spec, tokenizer)  # fixed seed: the same table
     assert torch.equal(again.state["embedding"], result.state["embedding"])
 
 
@@ -318,7 +319,7 @@ def test_encoder_ipt_trains_only_the_encoder(
     tiny_model_cfg, tiny_backbone, tiny_batch, small_corpus, encoder
 ):
     cfg = _pretrained_cfg(small_corpus, strategy="encoder", encoder=encoder, encoder_width=4)
-    cfg.warm_up(tiny_model_cfg)
+    cfg.warm_up(frozen_backbone(tiny_model_cfg))
     backbone = tiny_backbone()
     model = PromptedModel(backbone, cfg)
     method = model.method
@@ -347,7 +348,7 @@ def test_encoder_prompts_are_k_vectors_on_the_embedding_scale(
     tiny_model_cfg, tiny_backbone, tiny_batch, small_corpus
 ):
     cfg = _pretrained_cfg(small_corpus, strategy="encoder", num_prompts=3, encoder_width=6)
-    cfg.warm_up(tiny_model_cfg)
+    cfg.warm_up(frozen_backbone(tiny_model_cfg))
     model = PromptedModel(tiny_backbone(), cfg)
     batch = tiny_batch()
     embed = model.backbone.get_input_embeddings()
@@ -376,7 +377,7 @@ def test_utilisation_rate_sets_how_many_tokens_are_read(
         cfg = _pretrained_cfg(
             small_corpus, strategy="encoder", encoder=encoder, encoder_width=4, utilisation=rho
         )
-        cfg.warm_up(tiny_model_cfg)
+        cfg.warm_up(frozen_backbone(tiny_model_cfg))
         method = PromptedModel(tiny_backbone(), cfg).method
         prompts[rho] = [method.instance_prompt(x, mask)[0] for x in (ids, changed)]
     # ρ = 0.5 reads ceil(0.5·16) = 8 tokens of row 0: the change is not seen
@@ -541,7 +542,7 @@ def test_save_load_round_trip(
     tmp_path, tiny_model_cfg, tiny_backbone, tiny_batch, small_corpus, strategy
 ):
     cfg = _pretrained_cfg(small_corpus, strategy=strategy, placement="deep", encoder="lstm")
-    cfg.warm_up(tiny_model_cfg)
+    cfg.warm_up(frozen_backbone(tiny_model_cfg))
     model = PromptedModel(tiny_backbone(), cfg)
     with torch.no_grad():
         for p in model.method.parameters():

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from raypeft.config.schema import ExperimentConfig, ModelConfig, TrainConfig
-from raypeft.methods import BackboneDims, build_method
+from raypeft.methods import METHODS, BackboneDims, build_method
 from raypeft.methods.dept import DePT, DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuning, PromptTuningConfig
 from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
 from raypeft.modeling.prompted import head_loss as loss_fn
-from raypeft.training.loop import build_optimizer
+from raypeft.training.optimizer import build_optimizer
 
 NUM_LABELS = 2
 HEAD_SIZE = 32 * NUM_LABELS + NUM_LABELS  # tiny-bert classifier: d·k + k
@@ -375,3 +377,16 @@ def test_dept_module_has_76800_params_at_t5_base_shape(t5_base_embeddings, m, r)
     assert method.lora_a.shape == (256, r) and method.lora_b.shape == (r, 768)
     assert method.prompt.shape == (m, 768)
     assert method.num_trainable() == cfg.num_params(T5_BASE) == 76_800
+
+
+def test_every_module_of_the_methods_package_is_imported_and_registers():
+    """A method is one file: the package imports every module in it, so a new method's file
+    registers without editing anything else; the built-ins keep their listing order."""
+    import raypeft.methods as methods
+
+    folder = Path(methods.__file__).parent
+    files = {p.stem for p in folder.glob("*.py") if p.stem != "__init__"}
+    packages = {p.name for p in folder.iterdir() if (p / "__init__.py").is_file()}
+    assert set(methods._method_modules()) == files | packages
+    assert all(f"raypeft.methods.{name}" in sys.modules for name in files | packages)
+    assert list(METHODS)[:5] == ["pt", "dept", "prefix", "idpg", "ipt"]

@@ -46,10 +46,10 @@ from raypeft.methods.base import (
     MethodConfig,
     PromptMethod,
     init_prompt,
+    no_peft_equivalent,
     prepend_prompt,
     register_method,
 )
-from raypeft.methods.counts import idpg_params
 from raypeft.methods.idpg.phm import PHMLinear, init_phm_a
 from raypeft.methods.idpg.sentence_encoders import (
     BackboneEncoding,
@@ -60,6 +60,66 @@ from raypeft.methods.idpg.sentence_encoders import (
 
 UP_INIT_SCALE = 0.1  # generated part / embedding scale at initialisation
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
+
+
+def idpg_params(
+    hidden_size: int,
+    input_size: int,
+    prompt_length: int,
+    generator_hidden: int,
+    *,
+    num_layers: int = 1,
+    multi: bool = False,
+    version: str = "M",
+    generator: str = "dnn",
+    phm_n: int = 1,
+    shared_a: bool | None = None,
+    previous_layer: bool = False,
+    residual: bool = False,
+    layer_norm: bool = False,
+) -> int:
+    """IDPG's generator ``d_in → m → t·d`` (idpg.txt §3, A.1.2); ``d_in = input_size``.
+
+    A layer ``a → b`` holds ``a·b`` weights (DNN) or ``a·b/n`` (PHM's ``B`` set) plus its
+    bias. Single-layer (S-IDPG): ``(d_in·m + m) + (m·t·d + t·d)``. Multi-layer (M-IDPG,
+    ``N = num_layers`` prompts): version ``S`` shares everything, ``M`` gives each layer its
+    own second-layer bias (``N·t·d``), ``L`` gives each layer its own generator. With
+    ``previous_layer`` input and ``d_in != d`` the input layer keeps its own first layer
+    (``d_in → m``) and the later layers share one reading ``d``. PHM adds ``n³`` per ``A`` set:
+    one shared set (``shared_a``, default for S-IDPG) or one per PHM layer (default for
+    M-IDPG). LayerNorm adds ``2·d`` per norm: one on the output, three with ``residual``
+    (generated part, ``M(x)`` and their sum); one set, or one per layer in version ``L``.
+    """
+    d, d_in, t, m = hidden_size, input_size, prompt_length, generator_hidden
+    layers = num_layers if multi else 1
+    per_layer = multi and version == "L"
+    if per_layer:
+        down_inputs = [d_in] + [d if previous_layer else d_in] * (layers - 1)
+    elif multi and previous_layer and d_in != d:
+        down_inputs = [d_in, d]
+    else:
+        down_inputs = [d_in]
+    ups = layers if per_layer else 1
+    biases = layers if multi and version in ("M", "L") else 1
+
+    def weights(size_in: int, size_out: int) -> int:
+        if generator != "phm":
+            return size_in * size_out
+        if size_in % phm_n or size_out % phm_n:
+            raise ValueError(
+                f"`phm_n` must divide both sizes of a PHM layer, but got "
+                f"(phm_n={phm_n}, in={size_in}, out={size_out})"
+            )
+        return (size_in // phm_n) * (size_out // phm_n) * phm_n
+
+    total = sum(weights(w, m) + m for w in down_inputs)
+    total += ups * weights(m, t * d) + biases * t * d
+    if generator == "phm":
+        share = (not multi) if shared_a is None else shared_a
+        total += (1 if share else len(down_inputs) + ups) * phm_n**3
+    if layer_norm:
+        total += (layers if per_layer else 1) * (3 if residual else 1) * 2 * d
+    return total
 
 
 class IDPGConfig(MethodConfig):
@@ -235,6 +295,9 @@ class IDPGConfig(MethodConfig):
         resolved._check_sizes(dims, d_in, resolved.generator_hidden)
         return resolved
 
+    def prompt_positions(self) -> int:
+        return self.prompt_length
+
     def check_backbone(self, dims: BackboneDims) -> None:
         self.resolve(dims)  # sizes (PHM divisibility, residual widths) raise ValueError
 
@@ -265,6 +328,9 @@ class IDPGConfig(MethodConfig):
             BudgetOption(self.name, {"generator_hidden": m}, self._count(dims, d_in, m), budget)
             for m in sizes
         ]
+
+    def peft_type(self) -> str:
+        raise ValueError(no_peft_equivalent(self.name, "its per-example generated prompts"))
 
     def feature_specs(self) -> dict[str, FeatureSpec]:
         if self.encoder == "glove":
@@ -388,7 +454,7 @@ class IDPG(PromptMethod):
             raise ValueError(
                 "IDPG needs features['sentence'] (the per-example M(x)); the driver computes "
                 "it (raypeft.search.run.precompute_features, or "
-                "raypeft.training.loop.ensure_features)"
+                "raypeft.training.datasets.ensure_features)"
             )
         if tuple(sentence.shape) != (batch, self.d_in):
             raise ValueError(

@@ -32,7 +32,7 @@ Choices the paper leaves open:
 
 Pretrained tables are built once per experiment by :meth:`IPTConfig.warm_up` (on the driver)
 and cached on disk (:mod:`raypeft.methods.ipt.pretrain`), keyed by the backbone's tokenizer
-(``BackboneDims.model_name``), the corpus and the pretraining settings; a trial on a machine
+(``BackboneDims.tokenizer_name``), the corpus and the pretraining settings; a trial on a machine
 without the cache builds it there (the write is atomic).
 """
 
@@ -47,19 +47,38 @@ from pydantic import Field
 from torch import nn
 
 from raypeft.methods.base import (
+    BackboneAccess,
     BackboneDims,
     BudgetOption,
     MethodConfig,
     PromptMethod,
+    no_peft_equivalent,
     prepend_prompt,
     register_method,
 )
-from raypeft.methods.counts import ipt_deep_params, ipt_table_params, largest_fitting
-from raypeft.methods.ipt.pretrain import BODY_PREFIX, EMBEDDING_KEY, PretrainSpec, load_or_pretrain
+from raypeft.methods.ipt.corpora import check_corpus
+from raypeft.methods.ipt.pretrain import (
+    BODY_PREFIX,
+    EMBEDDING_KEY,
+    PretrainSpec,
+    ensure_pretrained,
+    load_pretrained,
+)
 from raypeft.methods.ipt.text_encoders import EncoderKind, EncoderSpec
+from raypeft.methods.sizing import largest_fitting
 
 DEFAULT_ENCODER_WIDTH = 100
 PAPER_PROMPT_LENGTHS = (5, 10, 16, 32, 64, 100, 120)  # ipt.txt §5.6
+
+
+def ipt_table_params(vocab_size: int, hidden_size: int) -> int:
+    """Random/Pretrained IPT: a trainable prompt row per vocabulary entry, ``V·d``."""
+    return vocab_size * hidden_size
+
+
+def ipt_deep_params(num_layers: int, hidden_size: int) -> int:
+    """IPT's deep placement: a scale and a shift vector per layer 1..N-1, ``(N−1)·2d``."""
+    return (num_layers - 1) * 2 * hidden_size
 
 
 class IPTConfig(MethodConfig):
@@ -203,12 +222,22 @@ class IPTConfig(MethodConfig):
     def learning_rates(self) -> dict[str, float]:
         return {"prompt": self.lr}
 
+    def peft_type(self) -> str:
+        raise ValueError(no_peft_equivalent(self.name, "its per-example (instance-wise) prompts"))
+
     def num_params(self, dims: BackboneDims) -> int:
         return self.resolve(dims)._count(dims)
 
     def derived(self) -> dict[str, Any]:
         budgeted = self.budget_params is not None and self.strategy == "encoder"
         return {"encoder_width": self.encoder_width} if budgeted else {}
+
+    def prompt_positions(self) -> int:
+        return self.k() if self.strategy == "encoder" else self.prompt_length
+
+    def check_inputs(self) -> None:
+        if self.strategy != "random":  # the pretraining corpus is read before trials start
+            check_corpus(self.corpus)
 
     def check_backbone(self, dims: BackboneDims) -> None:
         d = dims.hidden_size
@@ -255,17 +284,15 @@ class IPTConfig(MethodConfig):
 
     def pretrain_spec(self, dims: BackboneDims) -> PretrainSpec:
         """What identifies this config's pretrained table on this backbone."""
-        from raypeft.modeling.backbones import TINY_CONFIGS
-
         if dims.model_name is None:
             raise ValueError(
                 f"IPT strategy {self.strategy!r} indexes its pretrained table with the "
                 "backbone's tokenizer: BackboneDims.model_name must be set"
             )
-        # tiny test models borrow MiniLM's tokenizer: one table serves them all
-        tokenizer = "minilm" if dims.model_name in TINY_CONFIGS else dims.model_name
+        # a backbone that borrows another model's tokenizer (the tiny test models borrow
+        # MiniLM's) shares that model's table
         return PretrainSpec(
-            tokenizer=tokenizer,
+            tokenizer=dims.tokenizer_name or dims.model_name,
             vocab_size=dims.vocab_size,
             embed_dim=self.embed_dim or dims.hidden_size,
             corpus=self.corpus,
@@ -275,16 +302,11 @@ class IPTConfig(MethodConfig):
             width=self.pretrain_width,
         )
 
-    def warm_up(self, model_cfg: Any) -> None:
+    def warm_up(self, backbone: BackboneAccess) -> None:
         """Build the pretrained table once, on the driver, before trials start (pretrained
         and encoder strategies). A trial that still misses it (another machine) builds it."""
-        if self.strategy == "random":
-            return
-        from raypeft.modeling.backbones import backbone_dims, load_config
-
-        config = load_config(model_cfg, 2, "classification")
-        dims = backbone_dims(config, model_cfg.max_length, model_cfg.name)
-        load_or_pretrain(self.pretrain_spec(dims))
+        if self.strategy != "random":
+            ensure_pretrained(self.pretrain_spec(backbone.dims), backbone.tokenizer)
 
 
 def read_count(utilisation: float, length: int | torch.Tensor):
@@ -327,7 +349,7 @@ class IPT(PromptMethod):
                 torch.randn(dims.vocab_size, dims.hidden_size, generator=gen) * std
             )
         else:
-            state = load_or_pretrain(config.pretrain_spec(dims))
+            state = load_pretrained(config.pretrain_spec(dims))  # built by warm_up
             table = state[EMBEDDING_KEY].float()
             if config.strategy == "pretrained":
                 self.table = nn.Parameter(table * (std / table.std().item()))

@@ -13,8 +13,8 @@ Three families (IPT's Encoder IPT; the paper's appendix uses TextCNN, LSTM and M
   a projection to ``k·d``.
 
 Every encoder reads only the first ``lengths[i]`` vectors of row ``i``; positions past that
-are ignored (masked), whatever they hold. The closed-form counts live in
-:mod:`raypeft.methods.counts`; :meth:`EncoderSpec.num_params` dispatches to them.
+are ignored (masked), whatever they hold. Each family's closed-form count is a function
+below its module; :meth:`EncoderSpec.num_params` dispatches to them.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from typing import Literal
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
-
-from raypeft.methods.counts import lstm_encoder_params, mlp_encoder_params, textcnn_encoder_params
 
 EncoderKind = Literal["textcnn", "lstm", "mlp"]
 KERNEL_SIZES = (3, 4, 5)  # Kim (2014)
@@ -164,7 +162,7 @@ class EncoderSpec:
     positions: int = 1  # MLP flatten: token positions read
 
     def num_params(self) -> int:
-        """Closed-form count of the encoder's parameters (see :mod:`raypeft.methods.counts`)."""
+        """Closed-form count of the encoder's parameters (``*_encoder_params`` below)."""
         e, w, k, d = self.embed_dim, self.width, self.num_prompts, self.hidden_size
         if self.kind == "textcnn":
             return textcnn_encoder_params(e, w, k, d, KERNEL_SIZES)
@@ -183,3 +181,45 @@ class EncoderSpec:
             if self.kind == "lstm":
                 return LSTMEncoder(e, w, k, d, self.layers, self.bidirectional)
             return MLPEncoder(e, w, k, d, self.layers, self.mlp_pool, self.positions)
+
+
+# ----------------------------------------------------------------------------- counts
+
+
+def textcnn_encoder_params(
+    embed_dim: int,
+    width: int,
+    num_prompts: int,
+    hidden_size: int,
+    kernel_sizes: tuple[int, ...] = KERNEL_SIZES,
+) -> int:
+    """TextCNN ``e -> k·d``: a conv ``K·e·w + w`` per kernel size ``K``, then a projection
+    ``(|K|·w)·k·d + k·d``: ``w·(e·ΣK + |K|) + (|K|·w + 1)·k·d``."""
+    convs = width * (embed_dim * sum(kernel_sizes) + len(kernel_sizes))
+    return convs + (len(kernel_sizes) * width + 1) * num_prompts * hidden_size
+
+
+def lstm_encoder_params(
+    embed_dim: int,
+    width: int,
+    num_prompts: int,
+    hidden_size: int,
+    layers: int = 1,
+    bidirectional: bool = True,
+) -> int:
+    """Stacked (bi-)LSTM of ``w`` units then ``D·w -> k·d`` (``D`` directions). A layer reading
+    ``a`` inputs holds ``D·4w·(a + w + 2)`` (PyTorch keeps two bias vectors); the first reads
+    ``e``, later ones ``D·w``."""
+    directions = 2 if bidirectional else 1
+    total = directions * 4 * width * (embed_dim + width + 2)
+    total += (layers - 1) * directions * 4 * width * (directions * width + width + 2)
+    return total + (directions * width + 1) * num_prompts * hidden_size
+
+
+def mlp_encoder_params(
+    input_size: int, width: int, num_prompts: int, hidden_size: int, layers: int = 1
+) -> int:
+    """MLP ``in -> w (-> w)… -> k·d`` with ``layers`` hidden layers:
+    ``(in+1)·w + (layers−1)·(w+1)·w + (w+1)·k·d``."""
+    hidden = (input_size + 1) * width + (layers - 1) * (width + 1) * width
+    return hidden + (width + 1) * num_prompts * hidden_size

@@ -1,0 +1,44 @@
+"""The names of the MLflow tags raypeft writes on its runs, and of the roles a run plays.
+
+A search is a parent run tagged ``raypeft.role = experiment``; its trials (and repeats) are
+nested runs. Everything that writes or reads these tags (tracking, search, reporting,
+serving, the CLI) names them from here.
+"""
+
+from __future__ import annotations
+
+PREFIX = "raypeft."  # every raypeft tag starts with it
+
+# ----------------------------------------------------------------------------- every run
+ROLE_TAG = "raypeft.role"  # what the run is: one of the ROLE_* values below
+METHOD_TAG = "raypeft.method"  # the method's registered name (parent: the experiment's)
+
+ROLE_SEARCH = "experiment"  # the parent run of one search
+ROLE_TRIAL = "trial"  # one configuration the search tried
+ROLE_REPEAT = "repeat"  # a re-training of a top trial with another seed
+
+# ----------------------------------------------------------------------------- parent run
+SPACE_FILE_TAG = "raypeft.space_file"  # the experiment file the search was started from
+METRIC_TAG = "raypeft.metric"  # the metric trials are ranked by
+MODE_TAG = "raypeft.mode"  # "max" or "min": the metric's direction
+OBJECTIVES_TAG = "raypeft.objectives"  # JSON list of {metric, mode}: a multi-objective search
+OPTUNA_STORAGE_TAG = "raypeft.optuna_storage"  # the Optuna study's storage URL (redacted)
+OPTUNA_STUDY_TAG = "raypeft.optuna_study"  # the Optuna study's name
+TUNE_PATH_TAG = "raypeft.tune_path"  # Ray Tune's experiment folder: what --resume restores
+CONFIG_HASH_TAG = "raypeft.config_hash"  # hash of the resolved experiment --resume must match
+BEST_TRIAL_TAG = "raypeft.best_trial_id"  # the best trial's id (first among equal scores)
+BEST_RUN_TAG = "raypeft.best_run_id"  # the best trial's MLflow run id
+
+# ----------------------------------------------------------------------------- trial runs
+TRIAL_ID_TAG = "raypeft.trial_id"  # Ray Tune's trial id
+REPEAT_OF_TAG = "raypeft.repeat_of"  # a repeat: the trial id it re-trains
+ERROR_TAG = "raypeft.error"  # why the trial failed (one line, credentials redacted)
+STOPPED_EARLY_TAG = "raypeft.stopped_early"  # "true" when the scheduler stopped the trial
+RESTARTS_TAG = "raypeft.restarts"  # how often Ray restarted the trial after a failure
+PARETO_FRONT_TAG = "raypeft.pareto_front"  # "true" on trials of a multi-objective front
+
+
+def result_tag(key: str) -> str:
+    """The tag a trial result's key is copied to (where the trial trains: worker node id,
+    IP and pid, and the step a resumed trial restarted from), e.g. ``raypeft.worker_pid``."""
+    return f"{PREFIX}{key}"
