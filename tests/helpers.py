@@ -6,11 +6,14 @@ Test modules import them as ``from tests.helpers import ...`` (pyproject's pytes
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import yaml
 from mlflow.tracking import MlflowClient
 
@@ -72,3 +75,81 @@ def run_cli(
 def children(client: MlflowClient, experiment_id: str, parent_id: str):
     """The MLflow runs nested under ``parent_id`` (a search's trials)."""
     return client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")
+
+
+# ----------------------------------------------------------------------------- searches that
+# are killed, interrupted or waited on (tests/integration/test_faults.py and its kin)
+
+
+def start_search(args: list[str], cwd: Path) -> subprocess.Popen:
+    """``raypeft tune`` in the background, in its own session (so the test can clean up
+    every process it started, whatever happens)."""
+    return subprocess.Popen(
+        [RAYPEFT, "tune", *args],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=open(cwd / "stdout.log", "a"),  # noqa: SIM115 - the child owns it
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL every process left in the search's session (Ray's own processes included)."""
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(p.pid) == proc.pid:
+                p.kill()
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            pass
+
+
+def results(root: Path) -> list[dict]:
+    """Every result Tune has written so far under ``root`` (its result.json files)."""
+    out = []
+    for path in root.rglob("result.json"):
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                pass  # a line being written
+    return out
+
+
+def wait_for(predicate, what: str, timeout: float, proc: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the search ended (rc {proc.returncode}) before {what}")
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def store(tmp_path: Path) -> tuple[MlflowClient, str]:
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return client, client.get_experiment_by_name("tiny-dept").experiment_id
+
+
+def parent_and_kids(tmp_path: Path):
+    client, experiment_id = store(tmp_path)
+    (parent,) = client.search_runs([experiment_id], "tags.`raypeft.role` = 'experiment'")
+    return client, parent, children(client, experiment_id, parent.info.run_id)
+
+
+def assert_each_step_once(client: MlflowClient, run_id: str, max_steps: int, every: int):
+    steps = [m.step for m in client.get_metric_history(run_id, "val_accuracy")]
+    assert sorted(steps) == list(range(every, max_steps + 1, every)), steps
+
+
+def mlflow_finished(tmp_path: Path, trial_id: str) -> bool:
+    try:
+        _, _, kids = parent_and_kids(tmp_path)
+    except Exception:  # the store is being created
+        return False
+    return any(
+        k.data.tags.get("raypeft.trial_id") == trial_id and k.info.status == "FINISHED"
+        for k in kids
+    )

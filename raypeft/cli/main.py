@@ -35,9 +35,9 @@ class OneLineErrors(click.Group):
         except click.ClickException as exc:
             click.echo(error_line(" ".join(exc.format_message().split())), err=True)
             sys.exit(exc.exit_code)
-        except click.Abort:
-            click.echo("Aborted!", err=True)
-            sys.exit(1)
+        except click.Abort:  # Ctrl-C outside a search (a search pauses and says so itself)
+            click.echo("Interrupted.", err=True)
+            sys.exit(130)
         if not standalone_mode:
             return rv
         sys.exit(rv if isinstance(rv, int) else 0)  # --help and --version return 0

@@ -4,6 +4,8 @@ records are."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
 
 import click
@@ -49,10 +51,13 @@ def command(
 ) -> None:
     """Run the hyperparameter search an experiment file describes."""
     quiet_libraries()
+    given = overrides
     if tracking_uri:
         overrides = (*overrides, f"tracking.uri={tracking_uri}")
     cfg, _ = load_and_check(space_file, overrides, address)
-    from raypeft.search.run import SearchFailed, run_experiment  # why: Ray, MLflow, Optuna
+    # why: Ray, MLflow and Optuna take seconds to import; --help and bad input answer sooner
+    from raypeft.search.interrupts import SearchInterrupted
+    from raypeft.search.run import SearchFailed, run_experiment
 
     try:
         summary = run_experiment(
@@ -67,7 +72,41 @@ def command(
         fail(str(exc))
     except SearchFailed as exc:
         fail(str(exc), exit_code=1)
+    except SearchInterrupted as exc:
+        resume_args = _resume_command(space_file, given, address, tracking_uri)
+        click.echo(paused_line(exc, resume_args), err=True)
+        sys.exit(exc.exit_code)
     print_summary(summary)
+
+
+def _resume_command(
+    space_file: Path, overrides: tuple[str, ...], address: str | None, tracking_uri: str | None
+) -> str:
+    """The command that continues this search: the same file, overrides and stores."""
+    args = ["raypeft", "tune", "--space", str(space_file)]
+    for item in overrides:
+        args += ["--set", item]
+    if address:
+        args += ["--address", address]
+    if tracking_uri:
+        args += ["--tracking-uri", redact_uri(tracking_uri)]
+    return shlex.join([*args, "--resume"])
+
+
+def paused_line(exc, resume_command: str) -> str:
+    """One line for a search paused by a signal: what ended, what will continue, and how."""
+    if not exc.recorded:
+        start_again = resume_command.removesuffix(" --resume")
+        return (
+            f"Interrupted by {exc.signal_name} before the search started (nothing was "
+            f"recorded); start it again with: {start_again}"
+        )
+    plural = "s" if exc.finished != 1 else ""
+    ids = f" ({', '.join(exc.interrupted)})" if exc.interrupted else ""
+    return (
+        f"Paused by {exc.signal_name}: {exc.finished} trial{plural} ended, "
+        f"{len(exc.interrupted)} interrupted{ids}; continue with: {resume_command}"
+    )
 
 
 def print_summary(s) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.modeling.backbones import backbone_dims, frozen_backbone, load_config
 from raypeft.search.interrupted import config_hash, find_interrupted_search
+from raypeft.search.interrupts import Interrupts, SearchInterrupted
 from raypeft.search.outcome import (
     Outcome,
     SearchSummary,
@@ -76,6 +78,7 @@ from raypeft.tracking.runs import tracking_uri
 from raypeft.tracking.stores import check_store, check_tracking_store
 from raypeft.tracking.tags import (
     CONFIG_HASH_TAG,
+    INTERRUPTED_TAG,
     METRIC_TAG,
     MODE_TAG,
     OBJECTIVES_TAG,
@@ -137,6 +140,23 @@ class Records:
     tracker: MLflowTrialCallback
     resuming: bool
 
+    def pause(self, signum: int) -> SearchInterrupted:
+        """Record the search as paused by ``signum``: its interrupted trials' runs and the
+        parent run KILLED and tagged with the signal, their Optuna trials closed (FAIL, marked
+        interrupted); Tune saved its experiment, so ``--resume`` continues all of it."""
+        name = signal.Signals(signum).name
+        ended, interrupted = self.tracker.pause_runs(name)
+        fail_orphans(
+            self.study.storage,
+            self.study.study_name,
+            self.parent_run_id,
+            reason=f"interrupted by {name}; `raypeft tune ... --resume` continues it",
+            interrupted_by=name,
+        )
+        self.client.set_tag(self.parent_run_id, INTERRUPTED_TAG, name)
+        self.client.set_terminated(self.parent_run_id, "KILLED")
+        return SearchInterrupted(signum, ended, interrupted)
+
     def fail_if_running(self) -> None:
         """A search that ends in an error leaves its parent run FAILED, not RUNNING."""
         if self.client.get_run(self.parent_run_id).info.status == "RUNNING":
@@ -168,18 +188,31 @@ def run_experiment(
     """
     start = time.time()
     opts = SearchOptions(address, quiet, source, printer, progress_interval, resume)
-    prep = prepare(cfg, opts)
-    records = open_records(prep, opts)
-    try:
-        fitted = fit(prep, records, opts)
-        outcome = analyse(prep, records, fitted, opts)
-        return finish(prep, records, outcome, opts, start)
-    except BaseException:
-        records.fail_if_running()
-        raise
+    records: Records | None = None
+    with Interrupts() as interrupts:  # Ctrl-C or SIGTERM: pause, resumable with --resume
+        try:
+            prep = prepare(cfg, opts)
+            records = open_records(prep, opts)
+            fitted = fit(prep, records, opts)
+            outcome = analyse(prep, records, fitted, opts)
+            return finish(prep, records, outcome, opts, start)
+        except (KeyboardInterrupt, SearchInterrupted):
+            with interrupts.deferred():
+                raise pause(records, interrupts.signum or signal.SIGINT) from None
+        except BaseException:
+            if records is not None:
+                records.fail_if_running()
+            raise
 
 
 # ----------------------------------------------------------------------------- prepare
+
+
+def pause(records: Records | None, signum: int) -> SearchInterrupted:
+    """An interrupted search, recorded as paused where it had records already."""
+    if records is None:  # still preparing: nothing was recorded, nothing to resume
+        return SearchInterrupted(signum, recorded=False)
+    return records.pause(signum)
 
 
 def prepare(cfg: ExperimentConfig, opts: SearchOptions) -> Prepared:
@@ -217,6 +250,9 @@ def _quiet_loggers() -> None:
     """Library chatter the user cannot act on (MLflow table creation, new Optuna studies)."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("mlflow").setLevel(logging.WARNING)
+    # Tune's own lines on Ctrl-C name `Tuner.restore(...)` and "Trials did not complete":
+    # raypeft prints the line a user can act on (`raypeft tune ... --resume`) instead
+    logging.getLogger("ray.tune.tune").setLevel(logging.CRITICAL)
 
 
 def _find_interrupted(

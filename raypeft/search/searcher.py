@@ -37,6 +37,12 @@ logger = logging.getLogger(__name__)
 METRICS_ATTR = "raypeft.metrics"  # user attribute: the trial's last reported metrics
 TUNE_TRIAL_ATTR = "raypeft.tune_trial_id"
 PARENT_RUN_ATTR = "raypeft.parent_run_id"  # the MLflow search the trial belongs to
+ERROR_ATTR = "raypeft.error"  # why the trial failed
+# A trial paused by Ctrl-C/SIGTERM is closed FAIL (nothing is left RUNNING) with this attribute
+# (the signal's name); `--resume` continues it in a new trial, which names it (an Optuna trial
+# cannot change once finished) with RESUMED_FROM_ATTR: the paused trial's number.
+INTERRUPTED_ATTR = "raypeft.interrupted"
+RESUMED_FROM_ATTR = "raypeft.resumed_from_trial"
 
 
 @dataclass(frozen=True)
@@ -201,11 +207,19 @@ def prepare_study(
     return finished
 
 
-def fail_orphans(storage: optuna.storages.BaseStorage, study_name: str, parent_run_id: str) -> int:
-    """After a resumed search: mark FAIL the trials of this search still RUNNING.
+def fail_orphans(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    parent_run_id: str,
+    reason: str = "interrupted before Ray Tune recorded it",
+    interrupted_by: str | None = None,
+) -> int:
+    """Mark FAIL the trials of this search still RUNNING, with the reason. Returns how many.
 
-    They were asked for by the searcher just before the driver died, after Tune's last
-    snapshot of the experiment, so no Tune trial will ever finish them. Returns how many.
+    After a resumed search, they were asked for just before the driver died, after Tune's last
+    snapshot of the experiment, so no Tune trial will ever finish them. When a search pauses
+    (``interrupted_by``: the signal's name), they are the interrupted trials: ``--resume``
+    takes each up again (:meth:`PruningAwareSearch.take_up_interrupted`).
     """
     study = optuna.load_study(study_name=study_name, storage=storage)
     orphans = [
@@ -214,9 +228,9 @@ def fail_orphans(storage: optuna.storages.BaseStorage, study_name: str, parent_r
         if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
     ]
     for trial in orphans:
-        storage.set_trial_user_attr(
-            trial._trial_id, "raypeft.error", "interrupted before Ray Tune recorded it"
-        )
+        storage.set_trial_user_attr(trial._trial_id, ERROR_ATTR, reason)
+        if interrupted_by:
+            storage.set_trial_user_attr(trial._trial_id, INTERRUPTED_ATTR, interrupted_by)
         storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
     return len(orphans)
 
@@ -286,7 +300,36 @@ class PruningAwareSearch(OptunaSearch):
             ot_trial.set_user_attr(PARENT_RUN_ATTR, self.parent_run_id)
         return config
 
+    def take_up_interrupted(self, trial_id: str) -> None:
+        """A trial the search paused on was closed FAIL in the study (so that nothing was left
+        RUNNING); when the resumed search runs it again, it goes on in a new RUNNING trial with
+        the same parameters, distributions, attributes and intermediate values, which the
+        trial's end is told to; it names the paused one (``raypeft.resumed_from_trial``)."""
+        ot_trial = self._ot_trials.get(trial_id)
+        if ot_trial is None:
+            return
+        storage = ot_trial.storage
+        paused = storage.get_trial(ot_trial._trial_id)
+        if paused.state != TrialState.FAIL or INTERRUPTED_ATTR not in paused.user_attrs:
+            return
+        attrs = {
+            k: v for k, v in paused.user_attrs.items() if k not in (INTERRUPTED_ATTR, ERROR_ATTR)
+        }
+        attrs[RESUMED_FROM_ATTR] = paused.number
+        template = optuna.trial.create_trial(
+            state=TrialState.RUNNING,
+            params=paused.params,
+            distributions=paused.distributions,
+            user_attrs=attrs,
+            system_attrs=paused.system_attrs,
+            intermediate_values=paused.intermediate_values,
+        )
+        study_id = storage.get_study_id_from_name(self._ot_study.study_name)
+        new_id = storage.create_new_trial(study_id, template_trial=template)
+        self._ot_trials[trial_id] = optuna.trial.Trial(self._ot_study, new_id)
+
     def on_trial_result(self, trial_id: str, result: dict) -> None:
+        self.take_up_interrupted(trial_id)
         if len(self.objectives) > 1 or trial_id in self._completed_trials:
             return  # Optuna keeps no intermediate values for multi-objective studies
         value = result.get(self.objectives[0].result_key)
@@ -309,6 +352,7 @@ class PruningAwareSearch(OptunaSearch):
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         if trial_id in self._completed_trials or trial_id not in self._ot_trials:
             return
+        self.take_up_interrupted(trial_id)
         if self._already_told(trial_id):
             return
         ot_trial = self._ot_trials[trial_id]
@@ -332,7 +376,7 @@ class PruningAwareSearch(OptunaSearch):
                 ot_trial.report(float(values[0]), step)
         failure = result.get(FAILURE_KEY)  # the loss diverged (raypeft.training.loop)
         if failure:
-            ot_trial.set_user_attr("raypeft.error", str(failure)[:1000])
+            ot_trial.set_user_attr(ERROR_ATTR, str(failure)[:1000])
         if error or failure or any(v is None or not math.isfinite(float(v)) for v in values):
             state, values = TrialState.FAIL, None
         elif metrics["step"] < self.max_steps:

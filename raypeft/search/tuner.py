@@ -27,6 +27,7 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 
 from raypeft.config.schema import ExperimentConfig
 from raypeft.methods import BackboneDims
+from raypeft.search.interrupts import TuneSignals, raise_if_interrupted
 from raypeft.search.searcher import (
     Constraints,
     PruningAwareSearch,
@@ -153,9 +154,8 @@ class TuneRunner:
 
     def callbacks(self, num_samples: int) -> list[Callback]:
         """MLflow logging, and the live table unless quiet."""
-        if self.live_table is None:
-            return [self.tracker]
-        return [self.tracker, self.live_table(num_samples)]
+        own = [self.tracker, TuneSignals()]  # TuneSignals: Ctrl-C pauses Tune's loop
+        return own if self.live_table is None else [*own, self.live_table(num_samples)]
 
     def fit(
         self,
@@ -183,7 +183,9 @@ class TuneRunner:
             tuner._local_tuner.get_run_config().callbacks = callbacks
         else:
             tuner = self._new_tuner(name, make_searcher(), make_scheduler(), num_samples, callbacks)
-        return tuner.fit()
+        results = tuner.fit()
+        raise_if_interrupted()  # Tune stopped its loop on Ctrl-C: its results are partial
+        return results
 
     def _new_tuner(self, name, search_alg, trial_scheduler, num_samples, callbacks) -> tune.Tuner:
         cfg = self.cfg

@@ -35,6 +35,7 @@ from raypeft.tracking.tags import (
     BEST_RUN_TAG,
     BEST_TRIAL_TAG,
     ERROR_TAG,
+    INTERRUPTED_TAG,
     METHOD_TAG,
     REPEAT_OF_TAG,
     RESTARTS_TAG,
@@ -231,6 +232,20 @@ class MLflowTrialCallback(Callback):
                     "interrupted with the search before Ray Tune recorded it",
                 )
             self.client.set_terminated(run_id, status)
+
+    def pause_runs(self, signal_name: str) -> tuple[int, list[str]]:
+        """A paused search: runs still RUNNING are its interrupted trials, closed KILLED and
+        tagged with the signal (``--resume`` opens them again); the others had ended.
+        Returns ``(trials ended, interrupted trial ids)``."""
+        ended, interrupted = 0, []
+        for trial_id, run_id in self.run_ids.items():
+            if self.client.get_run(run_id).info.status != "RUNNING":
+                ended += 1
+                continue
+            self.client.set_tag(run_id, INTERRUPTED_TAG, signal_name)
+            self.client.set_terminated(run_id, "KILLED")
+            interrupted.append(trial_id)
+        return ended, interrupted
 
     def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         run_id = self.run_ids.get(trial.trial_id)

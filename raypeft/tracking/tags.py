@@ -28,6 +28,9 @@ TUNE_PATH_TAG = "raypeft.tune_path"  # Ray Tune's experiment folder: what --resu
 CONFIG_HASH_TAG = "raypeft.config_hash"  # hash of the resolved experiment --resume must match
 BEST_TRIAL_TAG = "raypeft.best_trial_id"  # the best trial's id (first among equal scores)
 BEST_RUN_TAG = "raypeft.best_run_id"  # the best trial's MLflow run id
+# a search paused by Ctrl-C or SIGTERM (parent run and its interrupted trials, both KILLED):
+# the signal's name; `raypeft tune ... --resume` continues them
+INTERRUPTED_TAG = "raypeft.interrupted"
 
 # ----------------------------------------------------------------------------- trial runs
 TRIAL_ID_TAG = "raypeft.trial_id"  # Ray Tune's trial id

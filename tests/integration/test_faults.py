@@ -5,92 +5,28 @@ a trial whose loss diverges, a tracking server that does not answer.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
-import subprocess
 import time
-from pathlib import Path
 
 import optuna
-import psutil
 import pytest
-from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from tests.helpers import (
-    RAYPEFT,
-    children,
-    cli_env,
+    assert_each_step_once,
+    kill_session,
+    mlflow_finished,
+    parent_and_kids,
+    results,
     run_cli,
+    start_search,
     tiny_experiment,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def start_search(args: list[str], cwd: Path) -> subprocess.Popen:
-    """``raypeft tune`` in the background, in its own session (so the test can clean up
-    every process it started, whatever happens)."""
-    return subprocess.Popen(
-        [RAYPEFT, "tune", *args],
-        cwd=cwd,
-        env=cli_env(),
-        stdout=open(cwd / "stdout.log", "a"),  # noqa: SIM115 - the child owns it
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-
-
-def kill_session(proc: subprocess.Popen) -> None:
-    """SIGKILL every process left in the search's session (Ray's own processes included)."""
-    for p in psutil.process_iter(["pid"]):
-        try:
-            if os.getsid(p.pid) == proc.pid:
-                p.kill()
-        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
-            pass
-
-
-def results(root: Path) -> list[dict]:
-    """Every result Tune has written so far under ``root`` (its result.json files)."""
-    out = []
-    for path in root.rglob("result.json"):
-        for line in path.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError:
-                pass  # a line being written
-    return out
-
-
-def wait_for(predicate, what: str, timeout: float, proc: subprocess.Popen | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the search ended (rc {proc.returncode}) before {what}")
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def store(tmp_path: Path) -> tuple[MlflowClient, str]:
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    return client, client.get_experiment_by_name("tiny-dept").experiment_id
-
-
-def parent_and_kids(tmp_path: Path):
-    client, experiment_id = store(tmp_path)
-    (parent,) = client.search_runs([experiment_id], "tags.`raypeft.role` = 'experiment'")
-    return client, parent, children(client, experiment_id, parent.info.run_id)
-
-
-def assert_each_step_once(client: MlflowClient, run_id: str, max_steps: int, every: int):
-    steps = [m.step for m in client.get_metric_history(run_id, "val_accuracy")]
-    assert sorted(steps) == list(range(every, max_steps + 1, every)), steps
 
 
 # A long single trial: 600 steps evaluated every 50 (tens of seconds on tiny-bert), so the
@@ -232,17 +168,6 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
     assert set(complete) == set(trial_ids)
     assert all(complete[t] == v for t, v in complete_before.items())
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
-
-
-def mlflow_finished(tmp_path: Path, trial_id: str) -> bool:
-    try:
-        _, _, kids = parent_and_kids(tmp_path)
-    except Exception:  # the store is being created
-        return False
-    return any(
-        k.data.tags.get("raypeft.trial_id") == trial_id and k.info.status == "FINISHED"
-        for k in kids
-    )
 
 
 def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path):

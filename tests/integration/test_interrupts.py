@@ -1,0 +1,184 @@
+"""Ctrl-C and ``kill`` during a real search (real Ray, MLflow, Optuna, through the CLI):
+the search pauses, says how to go on, and ``--resume`` finishes it with nothing lost or
+logged twice.
+
+The search: 3 DePT trials on tiny-bert, one at a time, 1,000 steps each with an evaluation
+(and checkpoint) every 100. The signal lands after the first trial finished and while the
+second is past a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tests.helpers import (
+    assert_each_step_once,
+    kill_session,
+    mlflow_finished,
+    parent_and_kids,
+    results,
+    run_cli,
+    start_search,
+    tiny_experiment,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+STEPS, EVERY = 1000, 100
+STUDY, OVERRIDE = "tiny-dept", "train.head_lr=0.02"  # an override the resume line must repeat
+
+
+def _start(tmp_path: Path):
+    path = tiny_experiment(
+        tmp_path,
+        train={"max_steps": STEPS, "eval_every": EVERY, "batch_size": 8, "head_lr": 0.01},
+        space={
+            "method.lr_prompt": {"grid": [0.1, 0.3, 0.5]},
+            "method.lr_lowrank": {"grid": [1.0e-3]},
+            "method.prompt_length": {"choice": [2, 4, 6]},
+        },
+        search={"num_samples": 3, "max_concurrent": 1, "scheduler": {"type": "none"}},
+    )
+    return start_search(["--space", str(path), "--quiet", "--set", OVERRIDE], tmp_path)
+
+
+def _one_finished_one_midway(tmp_path: Path, proc) -> tuple[str, str]:
+    def latest_steps() -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in results(tmp_path / "ray_results"):
+            out[r["trial_id"]] = max(out.get(r["trial_id"], 0), r.get("step", 0))
+        return out
+
+    done = wait_for(
+        lambda: [t for t, s in latest_steps().items() if s >= STEPS], "trial 1", 400, proc
+    )
+    wait_for(lambda: mlflow_finished(tmp_path, done[0]), "trial 1 in MLflow", 60, proc)
+    running = wait_for(
+        lambda: [
+            t
+            for t, s in latest_steps().items()
+            if t != done[0] and 2 * EVERY <= s < STEPS - 2 * EVERY
+        ],
+        "a later trial mid-way (past a checkpoint)",
+        400,
+        proc,
+    )
+    return done[0], running[0]
+
+
+def _paused_line(tmp_path: Path, signal_name: str) -> str:
+    """The last line the search printed, checked against MLflow: the trials it says ended
+    are the finished runs, the ones it names as interrupted the KILLED ones."""
+    line = (tmp_path / "stdout.log").read_text().strip().splitlines()[-1]
+    match = re.fullmatch(
+        rf"Paused by {signal_name}: (\d+) trials? ended, (\d+) interrupted \(([^)]*)\); "
+        r"continue with: (raypeft tune .* --resume)",
+        line,
+    )
+    assert match, line
+    _, _, kids = parent_and_kids(tmp_path)
+    ended = [k for k in kids if k.info.status != "KILLED"]
+    killed = {k.data.tags["raypeft.trial_id"] for k in kids if k.info.status == "KILLED"}
+    assert int(match[1]) == len(ended) >= 1
+    assert int(match[2]) == len(killed) and set(match[3].split(", ")) == killed
+    return line
+
+
+def _study(tmp_path: Path) -> optuna.Study:
+    return optuna.load_study(study_name=STUDY, storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+
+
+def _resume(tmp_path: Path, line: str):
+    command = shlex.split(line.split("continue with: ", 1)[1])
+    assert command[:2] == ["raypeft", "tune"] and command[-1] == "--resume"
+    assert ["--set", OVERRIDE] == command[command.index("--set") : command.index("--set") + 2]
+    resumed = run_cli(command[1:], cwd=tmp_path, timeout=900)
+    (tmp_path / "resume.log").write_text(resumed.stdout + resumed.stderr)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    return resumed
+
+
+def _assert_completed_once(tmp_path: Path, parent_id: str) -> dict:
+    client, parent, kids = parent_and_kids(tmp_path)  # still one search, the same run
+    assert parent.info.run_id == parent_id and parent.info.status == "FINISHED"
+    trial_ids = [k.data.tags["raypeft.trial_id"] for k in kids]
+    assert len(kids) == 3 and len(set(trial_ids)) == 3  # one run per trial
+    assert all(k.info.status == "FINISHED" for k in kids)
+    for kid in kids:
+        assert_each_step_once(client, kid.info.run_id, STEPS, EVERY)
+    study = _study(tmp_path)
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+    complete = {
+        t.user_attrs["raypeft.tune_trial_id"]
+        for t in study.get_trials(states=(TrialState.COMPLETE,))
+    }
+    assert complete == set(trial_ids)  # every configuration's result reached Optuna
+    return {k.data.tags["raypeft.trial_id"]: k for k in kids}
+
+
+def test_ctrl_c_pauses_the_search_and_resume_finishes_it(tmp_path):
+    proc = _start(tmp_path)
+    try:
+        done, running = _one_finished_one_midway(tmp_path, proc)
+        os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
+        assert proc.wait(timeout=180) == 130, (tmp_path / "stdout.log").read_text()[-3000:]
+    finally:
+        kill_session(proc)
+
+    line = _paused_line(tmp_path, "SIGINT")
+    assert running in line
+    log = (tmp_path / "stdout.log").read_text()
+    assert "Tuner.restore" not in log and "Traceback" not in log
+    assert "test split" not in log  # no test evaluation, no repeats
+
+    client, parent, kids = parent_and_kids(tmp_path)
+    assert parent.info.status == "KILLED"
+    assert parent.data.tags["raypeft.interrupted"] == "SIGINT"
+    by_trial = {k.data.tags["raypeft.trial_id"]: k for k in kids}
+    assert by_trial[done].info.status == "FINISHED"
+    assert by_trial[running].info.status == "KILLED"
+    assert by_trial[running].data.tags["raypeft.interrupted"] == "SIGINT"
+    finished_end = by_trial[done].info.end_time
+    study = _study(tmp_path)
+    # nothing RUNNING; the grid point not started yet stays enqueued (WAITING) for --resume
+    assert not study.get_trials(states=(TrialState.RUNNING,))
+    (paused,) = [t for t in study.trials if t.user_attrs.get("raypeft.interrupted") == "SIGINT"]
+    assert paused.state == TrialState.FAIL
+
+    _resume(tmp_path, line)
+    after = _assert_completed_once(tmp_path, parent.info.run_id)
+    assert after[done].info.end_time == finished_end  # the finished trial was not run again
+    assert int(after[running].data.tags["raypeft.resumed_from_step"]) >= 2 * EVERY
+    study = _study(tmp_path)  # the paused trial went on in a new one, with its parameters
+    (resumed,) = [
+        t for t in study.trials if t.user_attrs.get("raypeft.resumed_from_trial") == paused.number
+    ]
+    assert resumed.params == paused.params and resumed.state == TrialState.COMPLETE
+
+
+def test_sigterm_then_a_second_signal_stops_at_once_and_stays_resumable(tmp_path):
+    proc = _start(tmp_path)
+    try:
+        _one_finished_one_midway(tmp_path, proc)
+        os.kill(proc.pid, signal.SIGTERM)  # a batch scheduler's or `kill`'s signal
+        time.sleep(0.3)
+        os.kill(proc.pid, signal.SIGINT)  # impatient: a second signal in the grace period
+        assert proc.wait(timeout=180) == 143, (tmp_path / "stdout.log").read_text()[-3000:]
+    finally:
+        kill_session(proc)
+
+    line = _paused_line(tmp_path, "SIGTERM")
+    client, parent, _ = parent_and_kids(tmp_path)
+    assert parent.info.status == "KILLED" and parent.data.tags["raypeft.interrupted"] == "SIGTERM"
+    _resume(tmp_path, line)
+    _assert_completed_once(tmp_path, parent.info.run_id)
