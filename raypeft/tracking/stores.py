@@ -9,15 +9,30 @@ Three checks, each failing with a one-line :class:`ConfigError` that names the k
 - :func:`check_store` (for commands that read a finished search): a local sqlite store
   exists, so that reading never creates an empty one.
 
+And two things a search needs while it records:
+
+- :func:`store_lock`: searches started together in one folder share its sqlite files
+  (``mlflow.db``, ``optuna.db``); the first to open one creates its tables while the others
+  wait, instead of all running the same schema migrations at once.
+- :func:`tracking_client`: the MLflow client a search records through. Its calls give up on
+  a silent server within seconds, not MLflow's minutes of retries, and a store that stopped
+  answering mid-search becomes one :class:`TrackingLost`, which ends the search resumably.
+
 MLflow is imported inside the functions that use it: ``raypeft validate`` and the CLI's
 start-up stay fast.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+import re
+import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from raypeft.config.redact import redact_uri
@@ -116,11 +131,10 @@ def _check_sqlite_folder(url: str, key: str) -> None:
 
 
 @contextmanager
-def _no_retries(timeout_s: int):
-    """MLflow's HTTP client retries for minutes by default; a start-up probe must not."""
-    names = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s)}
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(names)
+def _mlflow_env(settings: dict[str, str]) -> Iterator[None]:
+    """MLflow's HTTP settings for the calls inside (MLflow reads them at each request)."""
+    saved = {k: os.environ.get(k) for k in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
@@ -129,6 +143,13 @@ def _no_retries(timeout_s: int):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _no_retries(timeout_s: int):
+    """MLflow's HTTP client retries for minutes by default; a start-up probe must not."""
+    return _mlflow_env(
+        {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s)}
+    )
 
 
 def check_tracking_store(uri: str, shown_as: str, timeout_s: int = 10) -> None:
@@ -164,3 +185,174 @@ def check_store(uri: str) -> None:
             raise ConfigError(
                 f"{path}: no MLflow store here (run a search first, or give --tracking-uri)"
             )
+
+
+# ----------------------------------------------------------------------------- creating stores
+
+LOCK_TIMEOUT_S = 300  # how long a search waits for another one creating the same store
+
+
+def sqlite_file(url: str) -> Path | None:
+    """The absolute path of a local sqlite database URL's file; None for anything else."""
+    scheme, sep, rest = url.partition(":///")
+    if not sep or scheme.split("+", 1)[0].lower() != "sqlite":
+        return None
+    db = rest.split("?", 1)[0]
+    if not db or db == ":memory:":
+        return None
+    return Path(db).expanduser().resolve()
+
+
+@contextmanager
+def store_lock(url: str, key: str = "tracking.uri") -> Iterator[None]:
+    """Hold an inter-process lock on a local sqlite store while it is opened (created).
+
+    SQLAlchemy stores (MLflow's, Optuna's) create their tables and stamp their schema version
+    when they first open an empty file; two processes doing it at once collide ("Online
+    migration expected to match one row", ``UNIQUE constraint failed: alembic_version``).
+    The lock file lives in a folder of the user's in the temp folder, named after the
+    database's absolute path, so the search's own folder holds nothing but its stores.
+    Processes on other machines sharing the file (a network folder) are not covered: sqlite
+    is not safe there anyway; use a database server or an MLflow tracking server.
+    Anything but a local sqlite file needs no lock.
+    """
+    path = sqlite_file(url)
+    if path is None:
+        yield
+        return
+    from filelock import FileLock, Timeout  # why: only searches open stores
+
+    user = os.getuid() if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    folder = Path(tempfile.gettempdir()) / f"raypeft-{user}-locks"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    name = hashlib.sha256(str(path).encode()).hexdigest()[:20]
+    lock = FileLock(str(folder / f"{name}.lock"), timeout=LOCK_TIMEOUT_S)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise ConfigError(
+            f"{key} {path}: another process has been creating this store for "
+            f"{LOCK_TIMEOUT_S} s (lock {lock.lock_file}); try again once it is done"
+        ) from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+# ----------------------------------------------------------------------------- a lost server
+
+# While a search records: MLflow's HTTP client retries 7 times over about 4 minutes by
+# default, and waits 120 s for an answer. A search gives up within seconds on a server that
+# refuses connections, and within about two minutes on one that hangs. Values the user set in
+# the environment are kept.
+FAIL_FAST = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "3",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",  # 1 + 2 + 4 s between the attempts
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
+}
+
+
+class TrackingLost(RuntimeError):
+    """The tracking store stopped answering during a search.
+
+    The search stops where it is: its parent run and running trials' runs stay RUNNING in the
+    store (as after a SIGKILL of the driver), its Optuna trials RUNNING, Ray Tune's
+    experiment state is kept, so ``raypeft tune ... --resume`` continues it once the store
+    answers again. ``uri`` is redacted; ``reason`` is one short line.
+    """
+
+    def __init__(self, uri: str, reason: str):
+        self.uri = uri
+        self.reason = reason
+        super().__init__(f"the tracking server {uri} stopped answering ({reason})")
+
+    def line(self, resume_command: str) -> str:
+        """The one line the CLI prints, given the command that resumes the search."""
+        return f"{self}; after it is back: {resume_command}"
+
+
+def _short_reason(exc: BaseException) -> str:
+    """What went wrong, in a few words: the socket error of MLflow's long message if it has
+    one (``Connection refused``, ``timed out``), else its first line, cut."""
+    text = str(exc)
+    found = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    if found:
+        return found.group(1).strip()
+    if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
+        return "timed out"
+    status = re.search(r"response code (\d{3})|status code (\d{3})", text)
+    if status:
+        return f"HTTP {status.group(1) or status.group(2)}"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    return redact_uri(first)[:160]
+
+
+class TrackingClient:
+    """An ``MlflowClient`` for a search: every call fails fast (:data:`FAIL_FAST`), and a call
+    that fails while the store does not answer a probe either raises :class:`TrackingLost`;
+    from then on every call raises it at once, so nothing more is attempted on the store
+    (the parent run stays RUNNING: ``--resume`` takes it up). Errors of a store that does
+    answer (a bad request, a missing run) are raised as they are.
+
+    Picklable (Ray Tune saves the tracker with its experiment).
+    """
+
+    def __init__(self, client, uri: str):
+        self._client = client
+        self._uri = uri
+        self._lost: TrackingLost | None = None
+
+    @property
+    def tracking_uri(self) -> str:
+        return self._uri
+
+    @property
+    def lost(self) -> TrackingLost | None:
+        return self._lost
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):  # pickling looks up dunders before __dict__ is set
+            raise AttributeError(name)
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args, **kwargs):
+            if self._lost is not None:
+                raise TrackingLost(self._lost.uri, self._lost.reason)
+            user_set = {k for k in FAIL_FAST if k in os.environ}
+            with _mlflow_env({k: v for k, v in FAIL_FAST.items() if k not in user_set}):
+                try:
+                    return attr(*args, **kwargs)
+                except Exception as exc:
+                    lost = self._probe()
+                    if lost is None:
+                        raise
+                    self._lost = lost
+                    raise TrackingLost(lost.uri, lost.reason) from exc
+
+        return call
+
+    def _probe(self) -> TrackingLost | None:
+        """After a failed call: does the store still answer (one request, no retries)?"""
+        from mlflow.tracking import MlflowClient  # why: MLflow is imported where it is used
+
+        with _no_retries(5):
+            try:
+                MlflowClient(tracking_uri=self._uri).search_experiments(max_results=1)
+            except Exception as probe_exc:
+                return TrackingLost(redact_uri(self._uri), _short_reason(probe_exc))
+        return None
+
+
+def tracking_client(uri: str) -> TrackingClient:
+    """The MLflow client a search records through (see :class:`TrackingClient`). A local
+    sqlite store is created here, once, under :func:`store_lock`: MLflow creates a store's
+    tables when a client first opens it, and caches the store for the process."""
+    from mlflow.tracking import MlflowClient  # why: MLflow is imported where it is used
+
+    with store_lock(uri):
+        client = MlflowClient(tracking_uri=uri)
+    return TrackingClient(client, uri)
