@@ -58,6 +58,7 @@ def command(
     # why: Ray, MLflow and Optuna take seconds to import; --help and bad input answer sooner
     from raypeft.search.interrupts import SearchInterrupted
     from raypeft.search.run import SearchFailed, run_experiment
+    from raypeft.tracking.stores import TrackingLost
 
     try:
         summary = run_experiment(
@@ -72,6 +73,8 @@ def command(
         fail(str(exc))
     except SearchFailed as exc:
         fail(str(exc), exit_code=1)
+    except TrackingLost as exc:  # the parent run stays RUNNING, as after a SIGKILL
+        fail(exc.line(_resume_command(space_file, given, address, tracking_uri)), exit_code=1)
     except SearchInterrupted as exc:
         resume_args = _resume_command(space_file, given, address, tracking_uri)
         click.echo(paused_line(exc, resume_args), err=True)

@@ -137,5 +137,5 @@ def run_repeats(
         FIFOScheduler,  # repeats run to the end: their scores are compared as means
         len(configs),
     )
-    runner.tracker.collect_results(results)
+    runner.tracker.collect_results(results, repeats=True)
     return group_repeats(top, trial_results(results), primary.result_key, cfg.train.seed)

@@ -46,9 +46,21 @@ class TrialResult:
 
 
 def trial_results(results: ResultGrid) -> list[TrialResult]:
-    """Every trial of a Tune experiment that reported anything."""
-    return [
+    """Every trial of a Tune experiment that reported anything, in the order Tune created
+    them (so that ties break alike whether the experiment ran at once or was resumed)."""
+    reported = [
         TrialResult(r.metrics["trial_id"], dict(r.config), dict(r.metrics))
         for r in results
         if r.metrics and "trial_id" in r.metrics
     ]
+    return sorted(reported, key=_creation_order)
+
+
+def _creation_order(trial: TrialResult) -> int:
+    """The counter Tune puts first in a trial's ``experiment_tag`` ("3_method.lr=...").
+
+    A resumed experiment lists its trials newest result first (``Tuner.restore``), a fresh
+    one as they were created; sorted by this counter, both list them alike.
+    """
+    head = str(trial.metrics.get("experiment_tag", "")).split("_", 1)[0]
+    return int(head) if head.isdigit() else 0

@@ -75,7 +75,7 @@ from raypeft.tracking.callback import (
     start_parent_run,
 )
 from raypeft.tracking.runs import tracking_uri
-from raypeft.tracking.stores import check_store, check_tracking_store
+from raypeft.tracking.stores import check_store, check_tracking_store, tracking_client
 from raypeft.tracking.tags import (
     CONFIG_HASH_TAG,
     INTERRUPTED_TAG,
@@ -263,7 +263,7 @@ def _find_interrupted(
         check_store(uri)
     except ConfigError as exc:
         raise ConfigError(f"--resume: {exc}") from None
-    client = MlflowClient(tracking_uri=uri)
+    client = tracking_client(uri)  # the search records through it (see open_records)
     return client, find_interrupted_search(client, cfg, source)
 
 
@@ -337,7 +337,9 @@ def open_records(prep: Prepared, opts: SearchOptions) -> Records:
     cfg, interrupted = prep.cfg, prep.interrupted
     modes = [o.mode for o in prep.objectives]
     study = plan_study(cfg, prep.tracking_uri, modes, resuming=interrupted is not None)
-    client = prep.client or MlflowClient(tracking_uri=prep.tracking_uri)  # creates a sqlite file
+    # creates a sqlite store (once, under a lock: searches started together share it); a
+    # server lost mid-search ends the search with TrackingLost, resumable with --resume
+    client = prep.client or tracking_client(prep.tracking_uri)
     if not opts.address:  # a local Ray, once nothing in the input can fail any more
         init_ray(None, opts.quiet)
     if study.finished_before and not interrupted:

@@ -10,13 +10,17 @@ next to the MLflow store, so a later search of the same study continues its hist
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
+import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import optuna
+import psutil
 from optuna.trial import TrialState
 from ray.tune.search.optuna import OptunaSearch
 
@@ -30,6 +34,7 @@ from raypeft.config.schema import (
 )
 from raypeft.data.metrics import METRIC_MODE
 from raypeft.errors import ConfigError
+from raypeft.tracking.stores import store_lock
 from raypeft.training.result_keys import FAILURE_KEY
 
 logger = logging.getLogger(__name__)
@@ -43,6 +48,9 @@ ERROR_ATTR = "raypeft.error"  # why the trial failed
 # cannot change once finished) with RESUMED_FROM_ATTR: the paused trial's number.
 INTERRUPTED_ATTR = "raypeft.interrupted"
 RESUMED_FROM_ATTR = "raypeft.resumed_from_trial"
+# A study attribute per search (this prefix + its parent run id): the process running it,
+# "host|pid|start time". A search started beside it leaves its trials alone.
+DRIVER_ATTR = "raypeft.driver."
 
 
 @dataclass(frozen=True)
@@ -161,8 +169,11 @@ def default_storage(tracking_uri: str) -> str:
 
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's storage at ``url``; a new sqlite file's tables are created under
+    :func:`store_lock`, so that searches started together in one folder do not collide."""
     try:
-        return optuna.storages.RDBStorage(url)
+        with store_lock(url, "search.storage"):
+            return optuna.storages.RDBStorage(url)
     except Exception as exc:  # bad URL, unreachable database, missing driver
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
@@ -180,7 +191,8 @@ def prepare_study(
 
     Trials left RUNNING or WAITING by a search that died are marked FAIL, so the sampler does
     not hand them out again - unless that search is being resumed (``resuming``): its trials
-    continue. A study created for other objective directions is refused.
+    continue. Trials of a search still running (started beside this one, in another process)
+    are its own and left alone. A study created for other objective directions is refused.
     """
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
@@ -199,12 +211,46 @@ def prepare_study(
             f"this search optimises {modes}; set search.study_name to start a new study"
         )
     finished = []
+    searches = dict(study.user_attrs)
     for trial in study.get_trials(deepcopy=False):
-        if trial.state in (TrialState.RUNNING, TrialState.WAITING) and not resuming:
-            storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        if trial.state in (TrialState.RUNNING, TrialState.WAITING):
+            if not resuming and not _of_live_search(trial, searches):
+                storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         elif trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
             finished.append(dict(trial.params))
     return finished
+
+
+@functools.cache
+def _driver(pid: int) -> str:
+    return f"{socket.gethostname()}|{pid}|{psutil.Process(pid).create_time():.3f}"
+
+
+def this_driver() -> str:
+    """This process, as :data:`DRIVER_ATTR` names a search's process."""
+    return _driver(os.getpid())
+
+
+def driver_alive(driver: str | None) -> bool:
+    """Whether the search process ``driver`` (``host|pid|start time``) still runs. One on
+    another machine cannot be checked from here: it counts as running."""
+    try:
+        host, pid, started = (driver or "").rsplit("|", 2)
+        if host != socket.gethostname():
+            return True
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1.0
+    except (ValueError, psutil.Error):  # no such process (any more), or no driver noted
+        return False
+
+
+def _of_live_search(trial: optuna.trial.FrozenTrial, searches: dict[str, Any]) -> bool:
+    """A RUNNING or WAITING trial belongs to a search still running (started beside this
+    one): its own search's process is alive; for a trial not yet claimed by a search (just
+    asked for, or enqueued), any search of the study is."""
+    parent = trial.user_attrs.get(PARENT_RUN_ATTR)
+    if parent is not None:
+        return driver_alive(searches.get(DRIVER_ATTR + str(parent)))
+    return any(driver_alive(v) for k, v in searches.items() if k.startswith(DRIVER_ATTR))
 
 
 def fail_orphans(
@@ -291,8 +337,19 @@ class PruningAwareSearch(OptunaSearch):
         self.objectives = objectives
         self.constraints = constraints
         self.parent_run_id = parent_run_id
+        self._note_driver()
+
+    def _note_driver(self) -> None:
+        """Name this process in the study as the one running this search (once per process:
+        a resumed search is another process), before it asks for trials."""
+        driver = this_driver()
+        study = getattr(self, "_ot_study", None)
+        if study is not None and getattr(self, "_driver", None) != driver:
+            study.set_user_attr(DRIVER_ATTR + self.parent_run_id, driver)
+            self._driver = driver
 
     def suggest(self, trial_id: str):
+        self._note_driver()
         config = super().suggest(trial_id)
         ot_trial = self._ot_trials.get(trial_id)
         if ot_trial is not None:  # cross-references for optuna-dashboard and MLflow

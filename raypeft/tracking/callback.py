@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 from pyarrow.fs import LocalFileSystem
@@ -61,7 +62,12 @@ def open_experiment(client: MlflowClient, name: str) -> str:
         if found.lifecycle_stage == "deleted":
             client.restore_experiment(found.experiment_id)
         return found.experiment_id
-    return client.create_experiment(name)
+    try:
+        return client.create_experiment(name)
+    except MlflowException as exc:  # a search started beside this one created it just now
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        return client.get_experiment_by_name(name).experiment_id
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
@@ -159,6 +165,7 @@ class MLflowTrialCallback(Callback):
         self.tune_checkpoints: dict[str, Any] = {}  # trial id -> its latest Tune checkpoint
         self._worker_tags: dict[str, dict[str, str]] = {}  # trial id -> node/pid last tagged
         self._logged_steps: dict[str, int] = {}  # trial id -> last step logged (resumed runs)
+        self._repeats: set[str] = set()  # trial ids of the repeats' runs (search.repeat_best)
 
     def best_checkpoint_dir(self, trial_id: str) -> Path | None:
         """Local folder of the trial's best checkpoint (the latest one it reported)."""
@@ -194,16 +201,21 @@ class MLflowTrialCallback(Callback):
             if not trial_id:
                 continue
             self.run_ids[trial_id] = run.info.run_id
+            if run.data.tags.get(ROLE_TAG) == ROLE_REPEAT:
+                self._repeats.add(trial_id)
             history = self.client.get_metric_history(run.info.run_id, "train_loss")
             self._logged_steps[trial_id] = max((m.step for m in history), default=-1)
 
-    def collect_results(self, results) -> None:
+    def collect_results(self, results, repeats: bool = False) -> None:
         """After the search: every trial's latest checkpoint from Tune's results (a resumed
         search never sees the trials that had finished before it), and no run left RUNNING.
 
         A run still RUNNING belongs to a trial Tune ended without a callback reaching MLflow,
         or to one started after Tune's last snapshot of an interrupted search (Tune re-ran
         that one as a new trial): it is closed as FAILED or KILLED, with the reason.
+        ``repeats``: ``results`` are the repeats' experiment; only the repeats' runs are closed
+        (and, without it, only the search's trials': a resumed search's interrupted repeats
+        continue after the search's experiment is collected).
         """
         ended: dict[str, bool] = {}  # trial id -> failed
         for result in results:
@@ -217,6 +229,8 @@ class MLflowTrialCallback(Callback):
                 self.train_checkpoints.setdefault(trial_id, metrics["checkpoint_path"])
             ended[trial_id] = result.error is not None or FAILURE_KEY in metrics
         for trial_id, run_id in self.run_ids.items():
+            if (trial_id in self._repeats) != repeats:
+                continue  # the other experiment's run
             if self.client.get_run(run_id).info.status != "RUNNING":
                 continue
             if trial_id in ended:
@@ -270,6 +284,7 @@ class MLflowTrialCallback(Callback):
         }
         if repeat_of:  # a top configuration trained again with another seed
             tags[REPEAT_OF_TAG] = repeat_of
+            self._repeats.add(trial.trial_id)
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"{cfg.method.name}-{trial.trial_id}"

@@ -267,6 +267,9 @@ class TrackingLost(RuntimeError):
         self.reason = reason
         super().__init__(f"the tracking server {uri} stopped answering ({reason})")
 
+    def __reduce__(self):
+        return (TrackingLost, (self.uri, self.reason))
+
     def line(self, resume_command: str) -> str:
         """The one line the CLI prints, given the command that resumes the search."""
         return f"{self}; after it is back: {resume_command}"
@@ -302,10 +305,6 @@ class TrackingClient:
         self._client = client
         self._uri = uri
         self._lost: TrackingLost | None = None
-
-    @property
-    def tracking_uri(self) -> str:
-        return self._uri
 
     @property
     def lost(self) -> TrackingLost | None:

@@ -15,7 +15,9 @@ from optuna.trial import TrialState
 from raypeft.config.schema import Bound, validate_experiment
 from raypeft.errors import ConfigError
 from raypeft.search.searcher import (
+    DRIVER_ATTR,
     METRICS_ATTR,
+    PARENT_RUN_ATTR,
     Constraints,
     PruningAwareSearch,
     ResolvedObjective,
@@ -27,6 +29,7 @@ from raypeft.search.searcher import (
     remaining_grid_points,
     resolve_constraints,
     resolve_objectives,
+    this_driver,
 )
 
 BASE = {
@@ -132,6 +135,32 @@ def test_prepare_study_continues_history_and_clears_dead_trials(tmp_path):
     assert prepare_study(open_storage(url), "new", ["max"]) == []  # a new study
     with pytest.raises(ConfigError, match="search.study_name"):
         prepare_study(open_storage(url), "s", ["min"])
+
+
+def test_prepare_study_leaves_the_trials_of_a_search_running_beside_it(tmp_path):
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    dist = {"x": optuna.distributions.CategoricalDistribution([1, 2])}
+    host, pid, started = this_driver().rsplit("|", 2)
+    drivers = {
+        "live": this_driver(),  # a search running now, in this process
+        "dead": f"{host}|{pid}|{float(started) - 100}",  # the same pid, started before: reused
+        "elsewhere": "another-machine|1|0",  # cannot be checked from here: left alone
+    }
+    for parent, driver in drivers.items():
+        study.set_user_attr(DRIVER_ATTR + parent, driver)
+        study.ask(dist).set_user_attr(PARENT_RUN_ATTR, parent)
+    study.ask(dist)  # just asked for by a search, not yet tagged with it
+    prepare_study(open_storage(url), "s", ["max"])
+    states = [t.state for t in optuna.load_study(study_name="s", storage=url).trials]
+    assert states == [TrialState.RUNNING, TrialState.FAIL, TrialState.RUNNING, TrialState.RUNNING]
+
+
+def test_a_search_names_its_process_in_the_study(tmp_path):
+    search, url = make_search(tmp_path, [ACC])
+    search.suggest("t1")
+    study = optuna.load_study(study_name="study", storage=url)
+    assert study.user_attrs[DRIVER_ATTR + "parent123"] == this_driver()
 
 
 def test_remaining_grid_points_skip_what_ran():
