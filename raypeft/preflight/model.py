@@ -62,6 +62,7 @@ def check_model_name(model: ModelConfig) -> None:
         if not (path / "config.json").is_file():
             raise ConfigError(f"model.name: {name}: no config.json in this folder; {must}")
         return
+    # why: huggingface_hub only to check a Hub id offline
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -71,6 +72,7 @@ def check_model_name(model: ModelConfig) -> None:
     except HFValidationError:
         raise ConfigError(f"model.name: {name}: no such folder; {must}") from None
     if _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE"):
+        # why: huggingface_hub only to check a Hub id offline
         from huggingface_hub import try_to_load_from_cache
 
         cached = try_to_load_from_cache(name, "config.json", revision=model.revision)

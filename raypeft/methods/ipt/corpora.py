@@ -105,6 +105,7 @@ def _read_folder(folder: Path) -> Corpus:
 
 
 def _read_table(file: Path) -> Corpus:
+    # why: pandas only to read the tweet corpus
     import pandas as pd
 
     suffix = file.suffix.lower()
