@@ -28,6 +28,13 @@ RUN_OPTIONS = [
         default=None,
         help="experiment name: the best trial of its newest finished search",
     ),
+    click.option(  # issue 16
+        "--model",
+        "model_uri",
+        default=None,
+        help="a registered or logged model: models:/NAME@champion, models:/NAME/VERSION "
+        "or models:/<logged model id>",
+    ),
     TRACKING_URI,
 ]
 
@@ -42,17 +49,22 @@ class InputError(Exception):
     """A line of the input cannot be read (one-line message naming the line)."""
 
 
-def _one_source(run_id: str | None, experiment: str | None) -> None:
+def _one_source(run_id: str | None, experiment: str | None, model_uri: str | None = None) -> None:
     from raypeft.cli.main import _fail
 
-    if (run_id is None) == (experiment is None):
-        _fail("give exactly one of --run RUN_ID or --experiment NAME")
+    if [run_id, experiment, model_uri].count(None) != 2:
+        _fail("give exactly one of --run RUN_ID, --experiment NAME or --model models:/NAME@ALIAS")
 
 
 def download_trained(
-    run_id: str | None, experiment: str | None, tracking_uri: str | None, dst: Path
+    run_id: str | None,
+    experiment: str | None,
+    tracking_uri: str | None,
+    dst: Path,
+    model_uri: str | None = None,
 ) -> tuple[Path, str]:
-    """The trained model folder of a run (or an experiment's best trial) and the run's id."""
+    """The trained model folder of a run (or an experiment's best trial, or a registered
+    model) and the run's id."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep stderr clean
     from mlflow.tracking import MlflowClient
 
@@ -60,6 +72,10 @@ def download_trained(
 
     uri = runs.tracking_uri(tracking_uri)
     runs.check_store(uri)
+    if model_uri is not None:  # issue 16: models:/NAME@alias (the registry)
+        from raypeft.tracking.registry import download_registered
+
+        return download_registered(uri, model_uri, dst)
     client = MlflowClient(tracking_uri=uri)
     run = runs.get_run(client, run_id) if run_id else runs.best_trial_run(client, experiment)
     return runs.download_model(client, run, dst), run.info.run_id
@@ -145,6 +161,7 @@ def format_prediction(p, output_format: str, pair: bool) -> str:
 def predict_command(
     run_id: str | None,
     experiment: str | None,
+    model_uri: str | None,
     tracking_uri: str | None,
     input_path: str,
     batch_size: int,
@@ -159,7 +176,7 @@ def predict_command(
     from raypeft.errors import ConfigError
 
     _quiet_libraries()
-    _one_source(run_id, experiment)
+    _one_source(run_id, experiment, model_uri)
     from_stdin = input_path == "-"
     if not from_stdin and not Path(input_path).is_file():
         _fail(f"--input {input_path}: file not found")
@@ -170,7 +187,7 @@ def predict_command(
 
     with tempfile.TemporaryDirectory(prefix="raypeft-predict-") as tmp:
         try:
-            folder, _ = download_trained(run_id, experiment, tracking_uri, Path(tmp))
+            folder, _ = download_trained(run_id, experiment, tracking_uri, Path(tmp), model_uri)
             pair = bool(read_task_metadata(folder).get("text_pair"))
         except ConfigError as exc:
             _fail(str(exc))
@@ -246,6 +263,7 @@ def predict_command(
 def export_command(
     run_id: str | None,
     experiment: str | None,
+    model_uri: str | None,
     tracking_uri: str | None,
     export_format: str,
     out: Path,
@@ -257,7 +275,7 @@ def export_command(
     from raypeft.errors import ConfigError
 
     _quiet_libraries()
-    _one_source(run_id, experiment)
+    _one_source(run_id, experiment, model_uri)
     from raypeft.serving.export import (
         ExportVerificationError,
         check_out_dir,
@@ -272,7 +290,9 @@ def export_command(
         _fail(str(exc))
     with tempfile.TemporaryDirectory(prefix="raypeft-export-") as tmp:
         try:
-            folder, used_run = download_trained(run_id, experiment, tracking_uri, Path(tmp))
+            folder, used_run = download_trained(
+                run_id, experiment, tracking_uri, Path(tmp), model_uri
+            )
             result = export_peft(folder, out, force=force)
         except ConfigError as exc:
             _fail(str(exc))

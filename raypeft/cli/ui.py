@@ -187,14 +187,12 @@ def command(
     if why:
         _fail(why)
 
-    experiment_id = None
+    found = None
     if experiment is not None:
         from mlflow.tracking import MlflowClient
 
         try:
-            experiment_id = find_experiment(
-                MlflowClient(tracking_uri=uri), experiment
-            ).experiment_id
+            found = find_experiment(MlflowClient(tracking_uri=uri), experiment)
         except ConfigError as exc:
             _fail(str(exc))
 
@@ -218,7 +216,10 @@ def command(
     )
 
     base_url = f"http://{_client_host(host)}:{port}"
-    url = f"{base_url}/#/experiments/{experiment_id}/runs" if experiment_id else f"{base_url}/"
+    # issue 16: the runs page in the model-training view, the objective metrics as columns
+    from raypeft.tracking.experiment_view import runs_page_url
+
+    url = runs_page_url(base_url, found) if found is not None else f"{base_url}/"
     with tempfile.TemporaryDirectory(prefix="raypeft-ui-") as tmp:
         log = Path(tmp) / "mlflow-server.log"
         handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -232,6 +232,7 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
                 )
     _check_values(raw, spec, sources)
     raw = _with_labelled_test(raw, spec, cfg.split_seed)
+    origins = split_origins(raw)
     out = {}
     for split in SPLIT_NAMES:
         ds = raw[split]
@@ -248,7 +249,15 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
                 + _derived[split].format(**sources)
             )
         out[split] = ds
-    return datasets.DatasetDict(out)
+    result = datasets.DatasetDict(out)
+    result.origins = origins  # read by prepare_task (the splits' dataset lineage)
+    return result
+
+
+def split_origins(splits: datasets.DatasetDict) -> dict[str, str]:
+    """The source split each split was drawn from (``{"test": "validation"}`` where the
+    validation split was halved); what :func:`_with_labelled_test` decided."""
+    return dict(getattr(splits, "origins", None) or {s: s for s in SPLIT_NAMES})
 
 
 # Why a split can be empty although every source held examples: _with_labelled_test
@@ -656,16 +665,22 @@ def _with_labelled_test(
     else:
         test = None
     if test is not None:
-        return datasets.DatasetDict(train=raw["train"], validation=raw["validation"], test=test)
+        out = datasets.DatasetDict(train=raw["train"], validation=raw["validation"], test=test)
+        out.origins = {s: s for s in SPLIT_NAMES}
+        return out
     val = raw["validation"].shuffle(seed=seed)
     if len(val) < 10_000:
         half = len(val) // 2
-        return datasets.DatasetDict(
+        out = datasets.DatasetDict(
             train=raw["train"],
             validation=val.select(range(half)),
             test=val.select(range(half, len(val))),
         )
+        out.origins = {"train": "train", "validation": "validation", "test": "validation"}
+        return out
     train = raw["train"].shuffle(seed=seed)
-    return datasets.DatasetDict(
+    out = datasets.DatasetDict(
         train=train.select(range(1000, len(train))), validation=train.select(range(1000)), test=val
     )
+    out.origins = {"train": "train", "validation": "train", "test": "validation"}
+    return out

@@ -40,6 +40,7 @@ from raypeft.search.interrupted import (
     find_interrupted_search,
 )
 from raypeft.search.progress import ProgressPrinter
+from raypeft.search.publish import open_lineage, publish_best  # issue 16
 from raypeft.search.ray_session import init_ray
 from raypeft.search.repeats import (
     FixedConfigs,
@@ -64,6 +65,7 @@ from raypeft.search.searcher import (
     resolve_objectives,
 )
 from raypeft.search.space import DefineByRun, candidate_methods
+from raypeft.search.trial_records import TrialRecordsCallback  # issue 16
 from raypeft.search.trial_runners import storage_path, trainable_for, use_ray_train
 from raypeft.tracking.callback import (
     MLflowTrialCallback,
@@ -102,6 +104,7 @@ class SearchSummary:
     optuna_storage: str = ""
     optuna_study: str = ""
     constraints_met: bool = True
+    published: Any = None  # issue 16: the chosen model in MLflow (search.publish.Published)
 
 
 # ----------------------------------------------------------------------------- trials
@@ -484,11 +487,15 @@ def run_experiment(
     tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, dims)
     if interrupted:
         tracker.adopt_existing_runs()  # its trials continue their own runs
+    # issue 16: dataset inputs (the parent now, each trial as it starts), system metrics,
+    # the experiment's UI view, and pyfunc models of trials (tracking.log_models: all)
+    inputs = open_lineage(client, experiment_id, parent_run_id, cfg, data, objectives)
+    records = TrialRecordsCallback(tracker, inputs, cfg.tracking.log_models)
 
     def callbacks(num_samples: int) -> list:
         """MLflow logging, and the live table unless quiet."""
         if quiet:
-            return [tracker]
+            return [tracker, records]
         printer_cb = ProgressPrinter(
             list(cfg.space),
             tune_metric,
@@ -498,7 +505,7 @@ def run_experiment(
             interval=progress_interval,
             echo=printer,
         )
-        return [tracker, printer_cb]
+        return [tracker, records, printer_cb]
 
     try:
         _warn_if_storage_not_shared(cfg, say)
@@ -598,6 +605,19 @@ def run_experiment(
         for i, group in enumerate(ranked if repeats else []):
             extra[f"repeat_{i}_mean_val_{metric}"] = group.mean
             extra[f"repeat_{i}_std_val_{metric}"] = group.std
+        summary.published = publish_best(  # issue 16: pyfunc model, registry version, alias
+            client,
+            cfg,
+            parent_run_id=parent_run_id,
+            run_id=summary.best_run_id,
+            trial_id=best_trial_id,
+            folder=folder,
+            objective=primary,
+            best_metrics=best_metrics,
+            test=test,
+            logged=records.models,
+            say=say,
+        )
         finish_parent_run(
             client,
             parent_run_id,

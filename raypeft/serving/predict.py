@@ -43,6 +43,8 @@ class Prediction:
     ``score``: the probability of the predicted class (classification heads), the value
     (regression), or None (seq2seq classification: generated text has no probability).
     ``label_id``: the class id (-1 unmatched; None for regression).
+    ``probabilities``: every class's probability, in class-id order (classification heads
+    only; None for regression and seq2seq models).
     """
 
     text: str
@@ -50,6 +52,7 @@ class Prediction:
     label: str
     score: float | None
     label_id: int | None
+    probabilities: tuple[float, ...] | None = None
 
 
 def read_task_metadata(folder: Path) -> dict[str, Any]:
@@ -157,6 +160,13 @@ class Predictor:
     def regression(self) -> bool:
         return self.meta["problem"] == "regression"
 
+    @property
+    def label_names(self) -> list[str]:
+        """Every class's name, in class-id order (empty for regression)."""
+        if self.regression:
+            return []
+        return [self.label_name(i) for i in range(int(self.meta["num_labels"]))]
+
     def label_name(self, index: int) -> str:
         names = self.meta.get("label_names")
         if names:
@@ -209,8 +219,9 @@ class Predictor:
             return out
         probs = logits.softmax(-1)
         best, index = probs.max(-1)
-        for text, pair, p, i in zip(texts, pairs, best.tolist(), index.tolist(), strict=True):
-            out.append(Prediction(text, pair, self.label_name(i), p, i))
+        rows = zip(texts, pairs, best.tolist(), index.tolist(), probs.tolist(), strict=True)
+        for text, pair, p, i, every in rows:
+            out.append(Prediction(text, pair, self.label_name(i), p, i, tuple(every)))
         return out
 
     def predict(self, texts: list[str], pairs: list[str] | None = None) -> list[Prediction]:

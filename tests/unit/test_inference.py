@@ -482,7 +482,7 @@ def test_predict_command_pairs(store, trained, pair_task_files, tmp_path):
 @pytest.mark.parametrize(
     "args, stdin, message",
     [
-        ([], "x\n", "give exactly one of --run RUN_ID or --experiment NAME"),
+        ([], "x\n", "give exactly one of --run RUN_ID, --experiment NAME or --model"),
         (["--run", "abc", "--experiment", "pt-bert"], "x\n", "give exactly one of"),
         (["--run", "0123456789abcdef"], "x\n", "run '0123456789abcdef': not found"),
         (["--experiment", "nope"], "x\n", "experiment 'nope': not found"),

@@ -1,0 +1,255 @@
+"""The MLflow Model Registry: a search's chosen model as a new version of a registered model,
+the ``champion`` alias moved to it only when it beats the champion on the same metric, and
+``models:/NAME@alias`` read back for ``raypeft predict`` and ``raypeft export``.
+
+Everything goes through an :class:`MlflowClient` bound to the search's store (no global
+tracking URI). A version points at the trial's logged ``python_function`` model
+(``models:/<model_id>``): registering copies nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlflow.entities.model_registry import ModelVersion
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from raypeft.errors import ConfigError
+
+PYFUNC_NAME = "pyfunc"  # a trial's logged model (runs:/<trial run id>/pyfunc)
+PYFUNC_ARTIFACT = "raypeft_model"  # the raypeft model folder inside it (artifacts/<this>)
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # a logged model's versions, as MLflow records them
+ALIAS_POLICIES = ("if_better", "always", "never")
+
+# Tags of every version raypeft registers (and of the search's parent run, prefixed)
+SEARCH_TAG = "raypeft.search_run_id"
+EXPERIMENT_TAG = "raypeft.experiment"
+METRIC_TAG = "raypeft.metric"
+MODE_TAG = "raypeft.mode"
+VALUE_TAG = "raypeft.metric_value"  # the chosen trial's best validation value of the metric
+TEST_VALUE_TAG = "raypeft.test_metric_value"
+METHOD_TAG = "raypeft.method"
+PARAMS_TAG = "raypeft.trainable_params"
+TASK_TAG = "raypeft.task"
+BACKBONE_TAG = "raypeft.backbone"
+TRIAL_TAG = "raypeft.trial_id"
+RUN_TAG = "raypeft.run_id"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A search's chosen model, as the registry records it."""
+
+    model_id: str  # the logged python_function model
+    run_id: str  # its trial run
+    trial_id: str
+    search_run_id: str  # the search's parent run
+    experiment: str
+    metric: str
+    mode: str
+    value: float  # best validation value of the metric
+    method: str
+    trainable_params: int | None
+    task: str
+    backbone: str
+    test_value: float | None = None
+
+    def tags(self) -> dict[str, str]:
+        tags = {
+            SEARCH_TAG: self.search_run_id,
+            EXPERIMENT_TAG: self.experiment,
+            METRIC_TAG: self.metric,
+            MODE_TAG: self.mode,
+            VALUE_TAG: repr(float(self.value)),
+            METHOD_TAG: self.method,
+            TASK_TAG: self.task,
+            BACKBONE_TAG: self.backbone,
+            TRIAL_TAG: self.trial_id,
+            RUN_TAG: self.run_id,
+        }
+        if self.trainable_params is not None:
+            tags[PARAMS_TAG] = str(int(self.trainable_params))
+        if self.test_value is not None:
+            tags[TEST_VALUE_TAG] = repr(float(self.test_value))
+        return tags
+
+    def description(self) -> str:
+        test = f", test {self.metric} {self.test_value:.4f}" if self.test_value is not None else ""
+        return (
+            f"raypeft search {self.search_run_id} ({self.experiment}): trial {self.trial_id}, "
+            f"{self.method} on {self.backbone} for {self.task}; validation {self.metric} "
+            f"{self.value:.4f}{test}"
+        )
+
+
+@dataclass
+class Registration:
+    """What registering did: the new version, and whether the alias moved to it (and why)."""
+
+    name: str
+    version: str
+    alias: str | None
+    alias_moved: bool
+    reason: str
+    previous: str | None = None  # the version the alias pointed at before
+    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}/{self.version}"
+
+    def line(self) -> str:
+        """One line for the search summary."""
+        where = f"Registered model {self.name!r} version {self.version} ({self.uri})"
+        if self.alias is None:
+            return where
+        if self.alias_moved:
+            return f"{where}; alias {self.alias!r} -> version {self.version} ({self.reason})"
+        return f"{where}; alias {self.alias!r} stays on version {self.previous} ({self.reason})"
+
+
+def beats(candidate: Candidate, champion: ModelVersion) -> tuple[bool, str]:
+    """Whether ``candidate`` beats the champion version on the same metric, and why (not)."""
+    tags = champion.tags or {}
+    metric, mode, value = tags.get(METRIC_TAG), tags.get(MODE_TAG), tags.get(VALUE_TAG)
+    if metric is None or value is None:
+        return False, f"version {champion.version} records no raypeft metric: not comparable"
+    if (metric, mode) != (candidate.metric, candidate.mode):
+        return False, (
+            f"version {champion.version} was chosen on validation {metric} ({mode}), this "
+            f"search on {candidate.metric} ({candidate.mode}): not comparable"
+        )
+    old = float(value)
+    new = float(candidate.value)
+    better = new > old if candidate.mode == "max" else new < old
+    if not math.isfinite(old):
+        better = math.isfinite(new)
+    verb = "beats" if better else "does not beat"
+    return better, f"validation {metric} {new:.4f} {verb} {old:.4f} of version {champion.version}"
+
+
+def register(
+    client: MlflowClient,
+    name: str,
+    candidate: Candidate,
+    *,
+    alias: str | None = "champion",
+    policy: str = "if_better",
+) -> Registration:
+    """A new version of ``name`` for the candidate's logged model (the registered model is
+    created when missing); the alias moved per ``policy`` (``if_better``, ``always``,
+    ``never``)."""
+    if policy not in ALIAS_POLICIES:
+        raise ValueError(f"policy must be one of {ALIAS_POLICIES}, got {policy!r}")
+    try:
+        client.create_registered_model(
+            name, description="Prompt-based PEFT models chosen by raypeft searches"
+        )
+    except MlflowException as exc:
+        if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
+            raise
+    tags = candidate.tags()
+    version = client.create_model_version(
+        name,
+        source=f"models:/{candidate.model_id}",
+        run_id=candidate.run_id,
+        tags=tags,
+        description=candidate.description(),
+        model_id=candidate.model_id,
+    )
+    _record_version_on_model(client, candidate.model_id, name, version.version)
+    result = Registration(name, str(version.version), alias, False, "", tags=tags)
+    if alias is None:
+        return result
+    champion = _version_by_alias(client, name, alias)
+    result.previous = champion.version if champion is not None else None
+    if policy == "never":
+        move, why = False, "tracking.champion_policy: never"
+    elif champion is None:
+        move, why = True, "the first champion"
+    elif policy == "always":
+        move, why = True, "tracking.champion_policy: always"
+    else:
+        move, why = beats(candidate, champion)
+    result.alias_moved, result.reason = move, why
+    if move:
+        client.set_registered_model_alias(name, alias, version.version)
+    return result
+
+
+def _version_by_alias(client: MlflowClient, name: str, alias: str) -> ModelVersion | None:
+    try:
+        return client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+
+
+def _record_version_on_model(client: MlflowClient, model_id: str, name: str, version) -> None:
+    """The logged model lists its registered versions (as ``mlflow.register_model`` does)."""
+    model = client.get_logged_model(model_id)
+    versions = json.loads(model.tags.get(MODEL_VERSIONS_TAG) or "[]")
+    versions.append({"name": name, "version": str(version)})
+    client.set_logged_model_tags(model_id, {MODEL_VERSIONS_TAG: json.dumps(versions)})
+
+
+# ----------------------------------------------------------------------------- reading back
+
+
+def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
+    """``models:/NAME@alias`` -> (NAME, None, alias); ``models:/NAME/3`` -> (NAME, "3", None);
+    ``models:/m-<id>`` -> (model id, None, None)."""
+    if not uri.startswith("models:/") or len(uri) <= len("models:/"):
+        raise ConfigError(
+            f"--model {uri}: expected models:/NAME@ALIAS, models:/NAME/VERSION or "
+            "models:/<logged model id>"
+        )
+    rest = uri[len("models:/") :].strip("/")
+    if "@" in rest:
+        name, alias = rest.rsplit("@", 1)
+        return name, None, alias
+    if "/" in rest:
+        name, version = rest.rsplit("/", 1)
+        return name, version, None
+    return rest, None, None
+
+
+def source_run_id(client: MlflowClient, uri: str) -> str:
+    """The trial run a ``models:/`` URI's model was logged from (ConfigError, one line, when
+    the registry has no such model)."""
+    name, version, alias = parse_model_uri(uri)
+    try:
+        if alias is not None:
+            found = client.get_model_version_by_alias(name, alias)
+        elif version is not None:
+            found = client.get_model_version(name, version)
+        else:
+            return client.get_logged_model(name).source_run_id or ""
+    except MlflowException as exc:
+        first = (str(exc).strip().splitlines() or ["not found"])[0]
+        raise ConfigError(f"--model {uri}: not in the model registry ({first[:200]})") from None
+    return found.run_id or ""
+
+
+def download_registered(store: str, uri: str, dst: Path) -> tuple[Path, str]:
+    """The raypeft model folder inside a registered (or logged) pyfunc model of the store,
+    and the run it was logged from."""
+    import mlflow.artifacts
+
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    run_id = source_run_id(MlflowClient(tracking_uri=store, registry_uri=store), uri)
+    try:
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=uri, dst_path=str(dst), tracking_uri=store, registry_uri=store
+        )
+    except (MlflowException, OSError) as exc:
+        first = (str(exc).strip().splitlines() or ["cannot download"])[0]
+        raise ConfigError(f"--model {uri}: cannot download it ({first[:200]})") from None
+    folder = Path(local) / "artifacts" / PYFUNC_ARTIFACT
+    if not (folder / "config.yaml").is_file():
+        raise ConfigError(f"--model {uri}: not a raypeft model (no artifacts/{PYFUNC_ARTIFACT}/)")
+    return folder, run_id
