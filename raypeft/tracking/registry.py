@@ -3,8 +3,8 @@ the ``champion`` alias moved to it only when it beats the champion on the same m
 ``models:/NAME@alias`` read back for ``raypeft predict`` and ``raypeft export``.
 
 Everything goes through an :class:`MlflowClient` bound to the search's store (no global
-tracking URI). A version points at the trial's logged ``python_function`` model
-(``models:/<model_id>``): registering copies nothing.
+tracking URI). A version points at the trial's logged ``python_function`` model (its
+``model_id`` and artefact location): registering copies nothing.
 """
 
 from __future__ import annotations
@@ -154,9 +154,12 @@ def register(
         if exc.error_code not in ("RESOURCE_ALREADY_EXISTS", "ALREADY_EXISTS"):
             raise
     tags = candidate.tags()
+    # the logged model's own location, not models:/<model_id>: MLflow 3.17's sqlite registry
+    # resolves that URI through the process's global tracking URI, not this client's store
+    location = client.get_logged_model(candidate.model_id).artifact_location
     version = client.create_model_version(
         name,
-        source=f"models:/{candidate.model_id}",
+        source=location,
         run_id=candidate.run_id,
         tags=tags,
         description=candidate.description(),
@@ -167,7 +170,7 @@ def register(
     if alias is None:
         return result
     champion = _version_by_alias(client, name, alias)
-    result.previous = champion.version if champion is not None else None
+    result.previous = str(champion.version) if champion is not None else None
     if policy == "never":
         move, why = False, "tracking.champion_policy: never"
     elif champion is None:

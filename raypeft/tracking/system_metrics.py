@@ -2,42 +2,111 @@
 
 MLflow's own ``SystemMetricsMonitor`` logs from a thread of the process that holds the run;
 raypeft's trials run in Ray workers (possibly on other machines) and never write to MLflow
-(the Tune driver is the single writer). So the worker samples with MLflow's monitor classes
-(CPU and memory, disk, network; NVIDIA GPUs through pynvml, AMD through pyrsmi, where
-installed) in a daemon thread every ``tracking.system_metrics_interval`` seconds; each report
-to Tune carries the averages since the previous report under MLflow's names
-(``system/cpu_utilization_percentage``, ``system/gpu_0_utilization_percentage``, ...), and the
-driver logs them to the trial's run at the report's training step.
+(the Tune driver is the single writer). So the worker samples in a daemon thread every
+``tracking.system_metrics_interval`` seconds; each report to Tune carries the averages since
+the previous report under MLflow's own names and rounding (``system/cpu_utilization_percentage``,
+``system/system_memory_usage_megabytes``, ``system/gpu_0_utilization_percentage``, ...: what
+its CPU, disk, network and NVIDIA GPU monitors record), and the driver logs them to the
+trial's run at the report's training step; the MLflow UI charts them in "System metrics".
+
+The sampler reads psutil (and pynvml, where installed and a GPU is visible) directly rather
+than through MLflow's monitor classes: importing ``mlflow`` costs a trial worker 1-2 s of CPU,
+which the workers otherwise never pay (a test checks the names against MLflow's monitors).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
+from collections import defaultdict
 from typing import Any
 
 SYSTEM_PREFIX = "system/"  # as MLflow names them: its UI charts them in "System metrics"
 
 
-def _monitors() -> list:
-    from mlflow.system_metrics.metrics.cpu_monitor import CPUMonitor
-    from mlflow.system_metrics.metrics.disk_monitor import DiskMonitor
-    from mlflow.system_metrics.metrics.network_monitor import NetworkMonitor
+class _Host:
+    """CPU, memory and disk (averaged) and network (megabytes since the start), as MLflow's
+    CPUMonitor, DiskMonitor and NetworkMonitor record them."""
 
-    monitors = [CPUMonitor(), DiskMonitor(), NetworkMonitor()]
-    quiet = logging.getLogger("mlflow.system_metrics")
-    level, quiet.level = quiet.level, logging.ERROR  # "pynvml is not installed" on CPU hosts
-    try:
-        for gpu in ("gpu_monitor.GPUMonitor", "rocm_monitor.ROCMMonitor"):
-            module, name = gpu.split(".")
+    def __init__(self):
+        import os
+
+        import psutil
+
+        self.psutil, self.root = psutil, os.sep
+        counters = psutil.net_io_counters()
+        self.net_start = (counters.bytes_recv / 1e6, counters.bytes_sent / 1e6)
+        self.samples: dict[str, list[float]] = defaultdict(list)
+        self.network: dict[str, float] = {}
+        psutil.cpu_percent()  # the first call measures nothing: start the interval here
+
+    def collect(self) -> None:
+        ps, add = self.psutil, self.samples
+        add["cpu_utilization_percentage"].append(ps.cpu_percent())
+        memory = ps.virtual_memory()
+        add["system_memory_usage_megabytes"].append(memory.used / 1e6)
+        add["system_memory_usage_percentage"].append(memory.used / memory.total * 100)
+        disk = ps.disk_usage(self.root)
+        add["disk_usage_percentage"].append(disk.percent)
+        add["disk_usage_megabytes"].append(disk.used / 1e6)
+        add["disk_available_megabytes"].append(disk.free / 1e6)
+        net = ps.net_io_counters()
+        self.network = {
+            "network_receive_megabytes": net.bytes_recv / 1e6 - self.net_start[0],
+            "network_transmit_megabytes": net.bytes_sent / 1e6 - self.net_start[1],
+        }
+
+    def aggregate(self) -> dict[str, float]:
+        out = {k: round(sum(v) / len(v), 1) for k, v in self.samples.items() if v}
+        out.update(self.network)
+        self.samples.clear()
+        return out
+
+
+class _NvidiaGpus:
+    """Memory, utilisation and power of every NVIDIA GPU the node has, as MLflow's
+    GPUMonitor records them (needs pynvml: ``pip install nvidia-ml-py``)."""
+
+    def __init__(self):
+        import pynvml  # ImportError: no GPU metrics
+
+        pynvml.nvmlInit()  # NVMLError without a driver or a GPU
+        self.nvml = pynvml
+        self.handles = [
+            pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())
+        ]
+        self.samples: dict[str, list[float]] = defaultdict(list)
+
+    def collect(self) -> None:
+        nvml, add = self.nvml, self.samples
+        for i, handle in enumerate(self.handles):
             try:
-                imported = __import__(f"mlflow.system_metrics.metrics.{module}", fromlist=[name])
-                monitors.append(getattr(imported, name)())
-                break
-            except Exception:  # no driver, no library: no GPU metrics (as MLflow does)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                add[f"gpu_{i}_memory_usage_percentage"].append(
+                    round(memory.used / memory.total * 100, 1)
+                )
+                add[f"gpu_{i}_memory_usage_megabytes"].append(memory.used / 1e6)
+                add[f"gpu_{i}_utilization_percentage"].append(
+                    nvml.nvmlDeviceGetUtilizationRates(handle).gpu
+                )
+                power = nvml.nvmlDeviceGetPowerUsage(handle)
+                limit = nvml.nvmlDeviceGetEnforcedPowerLimit(handle)
+                add[f"gpu_{i}_power_usage_watts"].append(power / 1000)
+                add[f"gpu_{i}_power_usage_percentage"].append(power / limit * 100)
+            except nvml.NVMLError:  # a reading this GPU does not offer
                 continue
-    finally:
-        quiet.level = level
+
+    def aggregate(self) -> dict[str, float]:
+        out = {k: round(sum(v) / len(v), 1) for k, v in self.samples.items() if v}
+        self.samples.clear()
+        return out
+
+
+def _monitors() -> list:
+    monitors: list = [_Host()]
+    try:
+        monitors.append(_NvidiaGpus())
+    except Exception:  # no pynvml, no driver, no GPU: no GPU metrics (as MLflow does)
+        pass
     return monitors
 
 
@@ -54,10 +123,7 @@ class SystemSampler:
         self._fresh = False  # a sample since the last drain
 
     def __enter__(self) -> SystemSampler:
-        import psutil
-
         self.monitors = _monitors()
-        psutil.cpu_percent()  # the first call measures nothing: start the interval here
         self._thread = threading.Thread(
             target=self._run, daemon=True, name="raypeft-system-metrics"
         )
@@ -77,7 +143,7 @@ class SystemSampler:
     def _sample(self) -> None:
         for monitor in self.monitors:
             try:
-                monitor.collect_metrics()
+                monitor.collect()
             except Exception:  # a GPU that vanished, a disk that cannot be read
                 continue
         self._fresh = True
@@ -88,8 +154,7 @@ class SystemSampler:
                 self._sample()
             out: dict[str, Any] = {}
             for monitor in self.monitors:
-                out.update(monitor.aggregate_metrics())
-                monitor.clear_metrics()
+                out.update(monitor.aggregate())
             self._fresh = False
         return {SYSTEM_PREFIX + k: float(v) for k, v in out.items()}
 
