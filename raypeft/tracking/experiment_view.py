@@ -40,10 +40,11 @@ WORKFLOW_PARAM = "workflowType=machine_learning"
 
 
 def view_columns(metrics: list[str]) -> list[str]:
-    """Runs-table columns: dataset and model, then each objective's best validation value
+    """Runs-table columns: the logged model, then each objective's best validation value
     (parent and trials), latest validation value (trials) and test value (parent); an
-    efficiency objective (trainable_params, ...) as itself."""
-    columns = ["attributes.`Dataset`", "attributes.`Models`"]
+    efficiency objective (trainable_params, ...) as itself. (The UI's default Dataset column
+    is left out: it is wide, and every run page lists its datasets.)"""
+    columns = ["attributes.`Models`"]
     for metric in metrics:
         if metric in EFFICIENCY_METRICS:
             columns.append(f"metrics.`{metric}`")

@@ -221,21 +221,30 @@ def parse_model_uri(uri: str) -> tuple[str, str | None, str | None]:
     return rest, None, None
 
 
-def source_run_id(client: MlflowClient, uri: str) -> str:
-    """The trial run a ``models:/`` URI's model was logged from (ConfigError, one line, when
-    the registry has no such model)."""
+def resolve_model_uri(client: MlflowClient, uri: str) -> tuple[str, str]:
+    """Where a ``models:/`` URI's artefacts are stored, and the run the model was logged from
+    (ConfigError, one line, when the registry has no such model). Resolved through ``client``:
+    MLflow's own ``models:/`` download resolves through the process's global tracking URI."""
     name, version, alias = parse_model_uri(uri)
     try:
-        if alias is not None:
-            found = client.get_model_version_by_alias(name, alias)
-        elif version is not None:
-            found = client.get_model_version(name, version)
-        else:
-            return client.get_logged_model(name).source_run_id or ""
+        if version is None and alias is None:
+            model = client.get_logged_model(name)
+            return model.artifact_location, model.source_run_id or ""
+        found = (
+            client.get_model_version_by_alias(name, alias)
+            if alias is not None
+            else client.get_model_version(name, version)
+        )
+        location = client.get_model_version_download_uri(name, str(found.version))
     except MlflowException as exc:
         first = (str(exc).strip().splitlines() or ["not found"])[0]
         raise ConfigError(f"--model {uri}: not in the model registry ({first[:200]})") from None
-    return found.run_id or ""
+    return location, found.run_id or ""
+
+
+def source_run_id(client: MlflowClient, uri: str) -> str:
+    """The trial run a ``models:/`` URI's model was logged from."""
+    return resolve_model_uri(client, uri)[1]
 
 
 def download_registered(store: str, uri: str, dst: Path) -> tuple[Path, str]:
@@ -244,15 +253,18 @@ def download_registered(store: str, uri: str, dst: Path) -> tuple[Path, str]:
     import mlflow.artifacts
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    run_id = source_run_id(MlflowClient(tracking_uri=store, registry_uri=store), uri)
+    client = MlflowClient(tracking_uri=store, registry_uri=store)
+    location, run_id = resolve_model_uri(client, uri)
     try:
         local = mlflow.artifacts.download_artifacts(
-            artifact_uri=uri, dst_path=str(dst), tracking_uri=store, registry_uri=store
+            artifact_uri=f"{location.rstrip('/')}/artifacts/{PYFUNC_ARTIFACT}",
+            dst_path=str(dst),
+            tracking_uri=store,
         )
     except (MlflowException, OSError) as exc:
         first = (str(exc).strip().splitlines() or ["cannot download"])[0]
-        raise ConfigError(f"--model {uri}: cannot download it ({first[:200]})") from None
-    folder = Path(local) / "artifacts" / PYFUNC_ARTIFACT
+        raise ConfigError(f"--model {uri}: not a raypeft model ({first[:200]})") from None
+    folder = Path(local)
     if not (folder / "config.yaml").is_file():
         raise ConfigError(f"--model {uri}: not a raypeft model (no artifacts/{PYFUNC_ARTIFACT}/)")
     return folder, run_id
