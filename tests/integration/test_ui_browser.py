@@ -288,12 +288,13 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
             page.keyboard.press("Escape")
 
             # the registered model: version 1 of the experiment's name, alias champion
-            page.goto(f"{base}/#/models/{finished_search.experiment}")
+            registry = f"{base}/#/models/{finished_search.experiment}"
+            page.goto(f"{registry}?workflowType=machine_learning")
             expect(page.get_by_text("Version 1", exact=True).first).to_be_visible(
                 timeout=UI_TIMEOUT_MS
             )
             expect(page.get_by_text("champion").first).to_be_visible()
-            page.goto(f"{base}/#/models/{finished_search.experiment}/versions/1")
+            page.goto(f"{registry}/versions/1?workflowType=machine_learning")
             expect(page.get_by_text("champion").first).to_be_visible(timeout=UI_TIMEOUT_MS)
             best_name = client.get_run(best_id).info.run_name
             expect(page.get_by_role("link", name=best_name).first).to_be_visible()

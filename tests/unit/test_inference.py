@@ -153,7 +153,9 @@ def test_inference_equals_training_path(trained, model, method):
     np.testing.assert_allclose(raw, expected, atol=1e-5)
     probs = torch.as_tensor(expected).softmax(-1).numpy()
     assert [p.label_id for p in preds] == probs.argmax(-1).tolist()
-    assert [p.label for p in preds] == [str(i) for i in probs.argmax(-1)]  # no label names
+    names = ["negative", "neutral", "positive"]  # the packaged tweets' class names
+    assert task.label_names == names
+    assert [p.label for p in preds] == [names[i] for i in probs.argmax(-1)]
     np.testing.assert_allclose([p.score for p in preds], probs.max(-1), atol=1e-5)
 
 
