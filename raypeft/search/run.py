@@ -487,10 +487,6 @@ def run_experiment(
     tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, dims)
     if interrupted:
         tracker.adopt_existing_runs()  # its trials continue their own runs
-    # issue 16: dataset inputs (the parent now, each trial as it starts), system metrics,
-    # the experiment's UI view, and pyfunc models of trials (tracking.log_models: all)
-    inputs = open_lineage(client, experiment_id, parent_run_id, cfg, data, objectives)
-    records = TrialRecordsCallback(tracker, inputs, cfg.tracking.log_models)
 
     def callbacks(num_samples: int) -> list:
         """MLflow logging, and the live table unless quiet."""
@@ -508,6 +504,10 @@ def run_experiment(
         return [tracker, records, printer_cb]
 
     try:
+        # issue 16: dataset inputs (the parent now, each trial as it starts), system metrics,
+        # the experiment's UI view, and pyfunc models of trials (tracking.log_models: all)
+        inputs = open_lineage(client, experiment_id, parent_run_id, cfg, data, objectives)
+        records = TrialRecordsCallback(tracker, inputs, cfg.tracking.log_models)
         _warn_if_storage_not_shared(cfg, say)
         data_ref = ray.put(data)  # tokenised once; every trial reads this one copy
         say(
