@@ -130,14 +130,29 @@ def served(model_uri: str, tracking_uri: str, cwd: Path):
             time.sleep(0.5)
         yield base
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=30)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(proc)
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0, "the model server still listens"
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM the server's process group (the CLI and its uvicorn workers), wait until every
+    member is gone, SIGKILL what is left after ``grace_s``."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            proc.poll()  # reap the leader
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                proc.wait()
+                return
+            time.sleep(0.2)
+    proc.wait()
 
 
 def invocations(base: str, body: dict) -> list[dict]:
