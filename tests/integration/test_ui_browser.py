@@ -284,6 +284,7 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
             for text in ("Data details for", "examples per class", "Source type"):
                 expect(page.get_by_text(text).first).to_be_visible()
             datasets_png = shots / "trial-datasets.png"
+            page.wait_for_timeout(1500)  # let the drawer finish sliding in
             page.screenshot(path=str(datasets_png))
             page.keyboard.press("Escape")
 
