@@ -44,6 +44,7 @@ from raypeft.errors import ConfigError
 def command(
     run_id: str | None,
     experiment: str | None,
+    model_uri: str | None,
     tracking_uri: str | None,
     export_format: str,
     out: Path,
@@ -52,7 +53,7 @@ def command(
     """Export a trained trial as a peft adapter, then check that peft loads it and
     reproduces the trained model (prompt, head and logits)."""
     quiet_libraries()
-    one_source(run_id, experiment)
+    one_source(run_id, experiment, model_uri)
     from raypeft.serving.export import (  # why: torch, transformers, peft
         ExportVerificationError,
         check_out_dir,
@@ -67,7 +68,9 @@ def command(
         fail(str(exc))
     with tempfile.TemporaryDirectory(prefix="raypeft-export-") as tmp:
         try:
-            folder, used_run = download_trained(run_id, experiment, tracking_uri, Path(tmp))
+            folder, used_run = download_trained(
+                run_id, experiment, tracking_uri, Path(tmp), model_uri
+            )
             result = export_peft(folder, out, force=force)
         except ConfigError as exc:
             fail(str(exc))

@@ -46,12 +46,19 @@ RUN_OPTIONS = [
         default=None,
         help="experiment name: the best trial of its newest finished search",
     ),
+    click.option(
+        "--model",
+        "model_uri",
+        default=None,
+        help="a registered or logged model: models:/NAME@champion, models:/NAME/VERSION "
+        "or models:/<logged model id>",
+    ),
     TRACKING_URI,
 ]
 
 
 def run_options(func):
-    """Decorator: ``--run``, ``--experiment`` and ``--tracking-uri``."""
+    """Decorator: ``--run``, ``--experiment``, ``--model`` and ``--tracking-uri``."""
     for option in reversed(RUN_OPTIONS):
         func = option(func)
     return func
@@ -94,16 +101,21 @@ def load_and_check(
         fail(str(exc))
 
 
-def one_source(run_id: str | None, experiment: str | None) -> None:
-    """``--run`` or ``--experiment``, exactly one."""
-    if (run_id is None) == (experiment is None):
-        fail("give exactly one of --run RUN_ID or --experiment NAME")
+def one_source(run_id: str | None, experiment: str | None, model_uri: str | None) -> None:
+    """``--run``, ``--experiment`` or ``--model``, exactly one."""
+    if [run_id, experiment, model_uri].count(None) != 2:
+        fail("give exactly one of --run RUN_ID, --experiment NAME or --model models:/NAME@ALIAS")
 
 
 def download_trained(
-    run_id: str | None, experiment: str | None, tracking_uri: str | None, dst: Path
+    run_id: str | None,
+    experiment: str | None,
+    tracking_uri: str | None,
+    dst: Path,
+    model_uri: str | None = None,
 ) -> tuple[Path, str]:
-    """The trained model folder of a run (or an experiment's best trial) and the run's id."""
+    """The trained model folder of a run (or an experiment's best trial, or a registered or
+    logged model) and the run's id."""
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # keep stderr clean
     from mlflow.tracking import MlflowClient  # why: MLflow is slow to import
 
@@ -112,6 +124,10 @@ def download_trained(
 
     uri = runs.tracking_uri(tracking_uri)
     check_store(uri)
+    if model_uri is not None:
+        from raypeft.tracking.registry import download_registered  # why: as above
+
+        return download_registered(uri, model_uri, dst)
     client = MlflowClient(tracking_uri=uri)
     run = runs.get_run(client, run_id) if run_id else runs.best_trial_run(client, experiment)
     return runs.download_model(client, run, dst), run.info.run_id

@@ -115,6 +115,7 @@ def format_prediction(p, output_format: str, pair: bool) -> str:
 def command(
     run_id: str | None,
     experiment: str | None,
+    model_uri: str | None,
     tracking_uri: str | None,
     input_path: str,
     batch_size: int,
@@ -126,14 +127,14 @@ def command(
     seq2seq models, which write the label; <unmatched> when it names no class).
     """
     quiet_libraries()
-    one_source(run_id, experiment)
+    one_source(run_id, experiment, model_uri)
     from_stdin = input_path == "-"
     if not from_stdin and not Path(input_path).is_file():
         fail(f"--input {input_path}: file not found")
     source = "stdin" if from_stdin else input_path
     jsonl = not from_stdin and input_path.lower().endswith(".jsonl")
     with tempfile.TemporaryDirectory(prefix="raypeft-predict-") as tmp:
-        folder, pair = _trained(run_id, experiment, tracking_uri, Path(tmp))
+        folder, pair = _trained(run_id, experiment, model_uri, tracking_uri, Path(tmp))
         with _open_input(input_path) as stream:
             records = read_records(stream, pair=pair, jsonl=jsonl, source=source)
             first = _first_batch(records, batch_size, source)  # bad input fails before the model
@@ -151,13 +152,17 @@ def command(
 
 
 def _trained(
-    run_id: str | None, experiment: str | None, tracking_uri: str | None, dst: Path
+    run_id: str | None,
+    experiment: str | None,
+    model_uri: str | None,
+    tracking_uri: str | None,
+    dst: Path,
 ) -> tuple[Path, bool]:
     """The trained model's folder, and whether it reads text pairs."""
     from raypeft.serving.predict import read_task_metadata  # why: torch, transformers
 
     try:
-        folder, _ = download_trained(run_id, experiment, tracking_uri, dst)
+        folder, _ = download_trained(run_id, experiment, tracking_uri, dst, model_uri)
         return folder, bool(read_task_metadata(folder).get("text_pair"))
     except ConfigError as exc:
         fail(str(exc))

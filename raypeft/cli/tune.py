@@ -146,6 +146,8 @@ def print_summary(s) -> None:
         for point in s.pareto:
             values = ", ".join(f"{n} {point[n]:.4g}" for n in names)
             echo(f"  {point['trial_id']} ({point['method']}): {values}")
+    for line in s.published.lines() if s.published else []:  # the model, the registry version
+        echo(line)
     echo(
         f"MLflow: experiment {s.experiment!r} (id {s.experiment_id}), parent run {s.parent_run_id}"
     )

@@ -20,12 +20,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from raypeft.cli.options import TRACKING_URI, fail, quiet_libraries
 from raypeft.errors import ConfigError
 from raypeft.tracking.stores import check_store
+
+if TYPE_CHECKING:
+    from mlflow.entities import Experiment
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
 REMOTE_SCHEMES = ("http:", "https:", "databricks")
@@ -167,11 +171,12 @@ def command(
     Example:
       raypeft ui tiny-search --port 5001
     """
+    from raypeft.tracking.experiment_view import runs_page_url  # why: imports MLflow
     from raypeft.tracking.runs import tracking_uri as resolve_uri  # why: imports MLflow
 
     quiet_libraries()
     uri = resolve_uri(tracking_uri)
-    experiment_id = _check_before_starting(uri, experiment, host, port)
+    found = _check_before_starting(uri, experiment, host, port)
     if host not in LOCAL_HOSTS:
         click.echo(
             f"warning: listening on {host}: the MLflow UI has no authentication, anyone who "
@@ -179,7 +184,8 @@ def command(
             err=True,
         )
     base_url = f"http://{_client_host(host)}:{port}"
-    url = f"{base_url}/#/experiments/{experiment_id}/runs" if experiment_id else f"{base_url}/"
+    # the runs page in the model-training view, with the objective metrics as columns
+    url = runs_page_url(base_url, found) if found is not None else f"{base_url}/"
     error, exit_code = _serve(
         _server_command(uri, host, port, workers), base_url, url, uri, start_timeout
     )
@@ -187,9 +193,11 @@ def command(
         fail(error, exit_code)
 
 
-def _check_before_starting(uri: str, experiment: str | None, host: str, port: int) -> str | None:
+def _check_before_starting(
+    uri: str, experiment: str | None, host: str, port: int
+) -> Experiment | None:
     """Fail (one line) on what would stop the server or the page: a remote store, a missing
-    store, a busy port, an unknown experiment. Returns the experiment's id."""
+    store, a busy port, an unknown experiment. Returns the experiment."""
     if uri.startswith(REMOTE_SCHEMES):
         fail(f"{uri}: already a tracking server; open it in a browser instead")
     try:
@@ -206,7 +214,7 @@ def _check_before_starting(uri: str, experiment: str | None, host: str, port: in
     from raypeft.tracking.runs import find_experiment
 
     try:
-        return find_experiment(MlflowClient(tracking_uri=uri), experiment).experiment_id
+        return find_experiment(MlflowClient(tracking_uri=uri), experiment)
     except ConfigError as exc:
         fail(str(exc))
 

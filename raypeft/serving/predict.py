@@ -12,7 +12,6 @@ then :meth:`raypeft.modeling.prompted.PromptedModel.predict`.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Iterable, Iterator
@@ -22,7 +21,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data.tasks import TaskSpec
@@ -31,7 +29,7 @@ from raypeft.errors import ConfigError
 from raypeft.modeling.backbones import frozen_backbone
 from raypeft.modeling.build import build_model
 from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
-from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE
+from raypeft.training.model_folder import read_config, read_task_metadata
 
 UNMATCHED = "<unmatched>"  # a seq2seq model wrote text that names no class
 
@@ -45,6 +43,8 @@ class Prediction:
     ``score``: the probability of the predicted class (classification heads), the value
     (regression), or None (seq2seq classification: generated text has no probability).
     ``label_id``: the class id (-1 unmatched; None for regression).
+    ``probabilities``: every class's probability, in class-id order (classification heads
+    only; None for regression and seq2seq models).
     """
 
     text: str
@@ -52,25 +52,7 @@ class Prediction:
     label: str
     score: float | None
     label_id: int | None
-
-
-def read_task_metadata(folder: Path) -> dict[str, Any]:
-    """``task.json`` of a trained model folder (ConfigError when absent)."""
-    path = Path(folder) / TASK_FILE
-    if not path.is_file():
-        raise ConfigError(
-            f"{path}: missing (the model was saved without its task's labels; "
-            "retrain it with this version of raypeft)"
-        )
-    return json.loads(path.read_text())
-
-
-def read_config(folder: Path) -> ExperimentConfig:
-    """The resolved experiment config a trained model folder was saved with."""
-    path = Path(folder) / CONFIG_FILE
-    if not path.is_file():
-        raise ConfigError(f"{path}: missing (not a raypeft model folder)")
-    return ExperimentConfig.model_validate(yaml.safe_load(path.read_text()))
+    probabilities: tuple[float, ...] | None = None
 
 
 def task_from_metadata(meta: dict[str, Any]) -> TokenizedTask:
@@ -159,6 +141,13 @@ class Predictor:
     def regression(self) -> bool:
         return self.meta["problem"] == "regression"
 
+    @property
+    def label_names(self) -> list[str]:
+        """Every class's name, in class-id order (empty for regression)."""
+        if self.regression:
+            return []
+        return [self.label_name(i) for i in range(int(self.meta["num_labels"]))]
+
     def label_name(self, index: int) -> str:
         names = self.meta.get("label_names")
         if names:
@@ -212,8 +201,9 @@ class Predictor:
             return out
         probs = logits.softmax(-1)
         best, index = probs.max(-1)
-        for text, pair, p, i in zip(texts, pairs, best.tolist(), index.tolist(), strict=True):
-            out.append(Prediction(text, pair, self.label_name(i), p, i))
+        rows = zip(texts, pairs, best.tolist(), index.tolist(), probs.tolist(), strict=True)
+        for text, pair, p, i, every in rows:
+            out.append(Prediction(text, pair, self.label_name(i), p, i, tuple(every)))
         return out
 
     def predict(self, texts: list[str], pairs: list[str] | None = None) -> list[Prediction]:

@@ -40,6 +40,26 @@ STOPPED_EARLY_TAG = "raypeft.stopped_early"  # "true" when the scheduler stopped
 RESTARTS_TAG = "raypeft.restarts"  # how often Ray restarted the trial after a failure
 PARETO_FRONT_TAG = "raypeft.pareto_front"  # "true" on trials of a multi-objective front
 
+# ----------------------------------------------------------------------------- models
+PYFUNC_NAME = "pyfunc"  # a trial's logged model (runs:/<trial run id>/pyfunc)
+PYFUNC_ARTIFACT = "raypeft_model"  # the raypeft model folder inside it (artifacts/<this>)
+PYFUNC_ERROR_TAG = "raypeft.pyfunc_error"  # a trial run whose model could not be logged
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"  # a logged model's versions, as MLflow records them
+MODEL_ID_TAG = "raypeft.best_model_id"  # the parent run's pointer to the chosen pyfunc model
+REGISTERED_TAG = "raypeft.registered_model"  # NAME/VERSION the search registered
+PUBLISH_ERROR_TAG = "raypeft.publish_error"  # why the chosen model was not published
+
+# Tags of every registered model version raypeft creates
+SEARCH_TAG = "raypeft.search_run_id"  # the search's parent run
+EXPERIMENT_TAG = "raypeft.experiment"
+VALUE_TAG = "raypeft.metric_value"  # the chosen trial's best validation value of the metric
+TEST_VALUE_TAG = "raypeft.test_metric_value"
+PARAMS_TAG = "raypeft.trainable_params"
+TASK_TAG = "raypeft.task"
+BACKBONE_TAG = "raypeft.backbone"
+TRIAL_TAG = TRIAL_ID_TAG  # the trial the version was trained by
+RUN_TAG = "raypeft.run_id"  # that trial's MLflow run
+
 
 def result_tag(key: str) -> str:
     """The tag a trial result's key is copied to (where the trial trains: worker node id,

@@ -67,7 +67,9 @@ def test_predict_experiment_matches_the_logged_test_accuracy(finished_search, be
     assert [r["text"] for r in records] == texts  # in input order
     scores = [r["score"] for r in records]
     assert all(1 / 3 <= s <= 1 for s in scores)  # the predicted class's probability (3 classes)
-    predicted = np.array([int(r["label"]) for r in records])  # the tweets' labels are class ids
+    names = best_model["task"].label_names  # the tweets' class names, in id order
+    assert names == ["negative", "neutral", "positive"]
+    predicted = np.array([names.index(r["label"]) for r in records])
     # the CLI's predictions score exactly what the search logged for the test split
     accuracy = float((predicted == labels).mean())
     assert accuracy == pytest.approx(best_model["parent"].data.metrics["test_accuracy"])
@@ -215,3 +217,16 @@ def test_export_pt_search_loads_in_peft(tmp_path):
     # not over the exported folder again without --force
     proc = run_cli(["export", "--run", best, "--format", "peft", "--out", str(out)], cwd=tmp_path)
     assert proc.returncode == 2 and "not empty (use --force" in proc.stderr
+    # the registered champion (issue 16): the same adapter, through the Model Registry
+    by_model = tmp_path / "exported" / "from-registry"
+    proc = run_cli(
+        ["export", "--model", "models:/tiny-pt@champion", "--format", "peft", "--out",
+         str(by_model)],
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"Exported run {best} as a peft PROMPT_TUNING adapter" in proc.stdout
+    assert torch.equal(
+        load_file(str(by_model / "adapter_model.safetensors"))["prompt_embeddings"],
+        adapter["prompt_embeddings"],
+    )

@@ -8,7 +8,9 @@ sqlite database and every artefact file), of the Optuna database and of the comm
 is searched for the secrets; none may be there. The URLs are logged, redacted.
 
 Every artefact file must be safetensors, YAML, JSON or a figure/table/text format: no pickle
-(checked by content too), and the safetensors files must load with safetensors.
+(checked by content too), and the safetensors files must load with safetensors. The MLflow
+model of the chosen trial adds MLflow's own YAML files without a suffix (``MLmodel``,
+``registered_model_meta``) and its code, which must be raypeft's own ``pyfunc_model.py``.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from tests.helpers import run_cli, tiny_experiment
 pytestmark = pytest.mark.integration
 
 SAFE_SUFFIXES = {".safetensors", ".yaml", ".yml", ".json", ".png", ".html", ".csv", ".md", ".txt"}
+MLFLOW_YAML_FILES = {"MLmodel", "registered_model_meta"}  # an MLflow model's metadata
 PICKLE_OR_TORCH_ZIP = (b"\x80", b"PK\x03\x04")  # pickle protocol 2+, torch.save's zip
 
 
@@ -132,9 +135,18 @@ def test_urls_are_logged_redacted(secret_search):
 
 def test_artefacts_are_safe_formats(secret_search):
     work, _, _, _ = secret_search
-    tensors = 0
+    from raypeft.tracking.models import MODEL_CODE
+
+    tensors = models = 0
     for path in _artefacts(work):
         name = path.relative_to(work)
+        if path.name == MODEL_CODE.name:  # a logged pyfunc model's code: raypeft's, verbatim
+            assert path.read_bytes() == MODEL_CODE.read_bytes(), name
+            models += 1
+            continue
+        if path.name in MLFLOW_YAML_FILES:
+            yaml.safe_load(path.read_text())
+            continue
         assert path.suffix in SAFE_SUFFIXES, f"{name}: not a safe artefact format"
         head = path.read_bytes()[:8]
         assert not head.startswith(PICKLE_OR_TORCH_ZIP), f"{name}: a pickle"
@@ -149,3 +161,4 @@ def test_artefacts_are_safe_formats(secret_search):
         elif path.suffix in (".yaml", ".yml"):
             yaml.safe_load(path.read_text())
     assert tensors >= 2  # each trial's model/trainable.safetensors
+    assert models == 1  # the chosen trial's python_function model

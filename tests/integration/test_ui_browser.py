@@ -1,10 +1,13 @@
 """``raypeft ui`` seen in a real browser: headless Chromium (Debian's), driven by Playwright.
 
 The command runs as a subprocess on the shared finished search's store (read only). The test
-opens the URL it prints, expands the parent run in the runs table (MLflow collapses nested
-runs), adds two metric columns and checks that the parent run, every trial and their metric
-values are on the page; then it opens the best trial's artefacts through the same server.
-Playwright drives the system browser (``executable_path``); it never downloads one.
+opens the URL it prints: the runs page in MLflow's model-training view with the objective's
+metric columns already shown (no click); it expands the parent run (MLflow collapses nested
+runs) and checks that the parent run, every trial and their metric values are on the page;
+then, through the same server, a trial's dataset inputs, the registered model (its version
+and the champion alias) and the best trial's artefacts. Screenshots of each page are kept as
+test artefacts in ``$RAYPEFT_TEST_ARTIFACTS/ui`` (default ``test-artifacts/ui`` in the
+checkout). Playwright drives the system browser (``executable_path``); it never downloads one.
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+ARTIFACTS = Path(
+    os.environ.get("RAYPEFT_TEST_ARTIFACTS") or Path(__file__).parents[2] / "test-artifacts"
+)
 START_TIMEOUT_S = 180  # mlflow server starts in ~5-20 s; more on a loaded machine
 UI_TIMEOUT_MS = 60_000  # page loads and renders (each wait ends as soon as the text is there)
 
@@ -173,12 +179,18 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
     trial_names = sorted(t.info.run_name for t in trials)
     assert all(name.startswith("dept-") for name in trial_names), trial_names
     best_id = parent.data.tags["raypeft.best_run_id"]
+    shots = ARTIFACTS / "ui"
+    shots.mkdir(parents=True, exist_ok=True)
 
     t0 = time.monotonic()
     url = ui.wait_for_url(START_TIMEOUT_S)
     started_s = time.monotonic() - t0
     base = f"http://127.0.0.1:{ui.port}"
-    assert url == f"{base}/#/experiments/{exp_id}/runs"
+    # the model-training view, with raypeft's shared view (the objective's metric columns)
+    assert url == (
+        f"{base}/#/experiments/{exp_id}/runs"
+        "?workflowType=machine_learning&viewStateShareKey=raypeft"
+    )
 
     # the trained artefacts are served (the runs' artifact_uri are absolute local paths)
     import json
@@ -203,6 +215,13 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
             page = context.new_page()
             page.goto(url)
 
+            # MLflow's model-training view: its sidebar (Runs, Models, Model registry), not
+            # the GenAI one (Traces first, Judges, Evaluation runs)
+            expect(page.get_by_role("link", name="Model registry")).to_be_visible(
+                timeout=UI_TIMEOUT_MS
+            )
+            expect(page.get_by_role("link", name="Judges")).to_have_count(0)
+
             # the parent run, by its run name, in the table's pinned (left) part
             row = page.locator(f'.ag-pinned-left-cols-container [row-id="{parent.info.run_id}"]')
             parent_link = row.get_by_role("link", name=finished_search.experiment, exact=True)
@@ -217,18 +236,13 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
                     timeout=UI_TIMEOUT_MS
                 )
 
-            # metric columns are hidden by default: add two through the column selector
-            page.get_by_role("button", name="Columns", exact=True).click()
-            for metric in ("best_val_accuracy", "val_accuracy"):
-                page.locator(f'.du-bois-light-tree-node-content-wrapper[title="{metric}"]').click()
-            page.keyboard.press("Escape")
-
+            # the objective's metric columns are there without a click (the shared view)
             def cell(run_id: str, metric: str):
                 return page.locator(
                     f'.ag-center-cols-container [row-id="{run_id}"] [col-id="metrics.`{metric}`"]'
                 )
 
-            for metric in ("best_val_accuracy", "val_accuracy"):
+            for metric in ("best_val_accuracy", "val_accuracy", "test_accuracy"):
                 header = page.locator(f'.ag-header-cell[col-id="metrics.`{metric}`"]')
                 header.scroll_into_view_if_needed(timeout=UI_TIMEOUT_MS)
                 expect(header).to_be_visible()
@@ -244,8 +258,50 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
                 assert float(shown.inner_text()) == pytest.approx(
                     trial.data.metrics["val_accuracy"], abs=1e-6
                 )
-            runs_png = tmp_path / "runs.png"
+            shown = cell(parent.info.run_id, "test_accuracy")
+            assert float(shown.inner_text()) == pytest.approx(
+                parent.data.metrics["test_accuracy"], abs=1e-6
+            )
+            runs_png = shots / "runs-training-view.png"
             page.screenshot(path=str(runs_png))
+
+            # a trial's dataset inputs: the three splits, their contexts and digests
+            trial = trials[0]
+            inputs = {i.dataset.name: i for i in trial.inputs.dataset_inputs}
+            train = inputs["tweet_sentiment-train"].dataset
+            page.goto(
+                f"{base}/#/experiments/{exp_id}/runs/{trial.info.run_id}"
+                "?workflowType=machine_learning"
+            )
+            label = f"tweet_sentiment-train ({train.digest})"
+            expect(page.get_by_text(label).first).to_be_visible(timeout=UI_TIMEOUT_MS)
+            page.get_by_text(label).first.click()  # the dataset drawer: every split
+            for name in ("tweet_sentiment-validation", "tweet_sentiment-test"):
+                digest = inputs[name].dataset.digest
+                expect(page.get_by_text(f"{name} ({digest})").first).to_be_visible(
+                    timeout=UI_TIMEOUT_MS
+                )
+            for text in ("Data details for", "examples per class", "Source type"):
+                expect(page.get_by_text(text).first).to_be_visible()
+            datasets_png = shots / "trial-datasets.png"
+            page.wait_for_timeout(1500)  # let the drawer finish sliding in
+            page.screenshot(path=str(datasets_png))
+            page.keyboard.press("Escape")
+
+            # the registered model: version 1 of the experiment's name, alias champion
+            registry = f"{base}/#/models/{finished_search.experiment}"
+            page.goto(f"{registry}?workflowType=machine_learning")
+            expect(page.get_by_text("Version 1", exact=True).first).to_be_visible(
+                timeout=UI_TIMEOUT_MS
+            )
+            expect(page.get_by_text("champion").first).to_be_visible()
+            page.goto(f"{registry}/versions/1?workflowType=machine_learning")
+            expect(page.get_by_text("champion").first).to_be_visible(timeout=UI_TIMEOUT_MS)
+            best_name = client.get_run(best_id).info.run_name
+            expect(page.get_by_role("link", name=best_name).first).to_be_visible()
+            expect(page.get_by_text("raypeft.metric_value").first).to_be_visible()
+            registry_png = shots / "registered-model-version.png"
+            page.screenshot(path=str(registry_png))
 
             # the best trial's trained artefacts, through the UI's artefact browser
             page.goto(f"{base}/#/experiments/{exp_id}/runs/{best_id}/artifacts")
@@ -257,13 +313,13 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
             expect(page.get_by_text("budget_prompt_length").first).to_be_visible(
                 timeout=UI_TIMEOUT_MS
             )
-            artifacts_png = tmp_path / "artifacts.png"
+            artifacts_png = shots / "artifacts.png"
             page.screenshot(path=str(artifacts_png))
         finally:
             context.close()
     browser_s = time.monotonic() - t1
-    _assert_png(runs_png)
-    _assert_png(artifacts_png)
+    for png in (runs_png, datasets_png, registry_png, artifacts_png):
+        _assert_png(png)
 
     # SIGTERM stops the command, the server and its workers; the port is free again
     t2 = time.monotonic()

