@@ -43,7 +43,8 @@ validation/test tweets) is trained N times (``--ray-trials``, default 4) by call
 after another (the "bare loop"), and through ``raypeft.search.run.run_experiment`` (Ray Tune
 + Optuna + MLflow; ``search.num_samples=N``, ``search.scheduler.type=none``), once with
 ``resources.trial_runner=in_process`` and once with ``ray_train``. The searched key is
-``method.lr`` (a choice of 0.1/0.3), which does not change the work. Bare passes and Ray runs
+``method.lr`` (a choice of N distinct values, 0.1, 0.2, ...: the searcher does not run a
+discrete configuration twice), which does not change the work. Bare passes and Ray runs
 alternate (bare, in_process, bare, ray_train, bare); each search is compared with the mean
 of the two bare passes (tokenisation + N trials) run right before and after it, since the load
 of a shared machine drifts over minutes (the 1-minute load average is printed with each
@@ -51,10 +52,18 @@ phase). Each Ray run starts and shuts down its own local Ray, as one ``raypeft t
 so its wall time includes ``ray.init``, MLflow's sqlite setup, tokenisation, and the final
 test-split evaluation of the best trial. Reported: total
 wall time of the search against the bare reference, the ratio, and the overhead per trial in
-seconds. MLflow writes to a sqlite file (its artifacts to ./mlruns, so the searches run with
-the temp dir as working directory) and Ray to a storage path, all in a temp dir, so nothing
-lands in the repo. Tune runs trials concurrently where CPUs allow (2 CPUs: two 1-thread
-trials), while the bare loop runs one trial at a time with ``--threads`` threads.
+seconds; then the same overhead against a bare reference that also scores the best trial's
+checkpoint on the test split once, as the search's finish phase does (work the user asked
+for, not overhead: ``raypeft.search.outcome.score_on_test``, timed in every bare pass), and
+where each search's time went (its phases: prepare, open_records with ``ray.init``, fit,
+analyse, finish). A process that trains several trials keeps the frozen backbone loaded
+(``raypeft.modeling.cache``): the bare loop and each reused Tune actor read it once; a Ray
+Train trial runs in new worker processes (Ray Train V2 starts a worker group per
+``TorchTrainer.fit``) and reads it again. MLflow writes to a sqlite file (its artifacts to
+./mlruns, so the searches run with the temp dir as working directory) and Ray to a storage
+path, all in a temp dir, so nothing lands in the repo. Tune runs trials concurrently where
+CPUs allow (2 CPUs: two 1-thread trials), while the bare loop runs one trial at a time with
+``--threads`` threads.
 
 Absolute numbers depend on the (shared, 2-core) machine; read the ratios.
 
@@ -71,6 +80,7 @@ How to run
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -486,6 +496,12 @@ def part_a(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- Part B
 
 
+def searched_lrs(n: int) -> list[float]:
+    """N distinct values of ``method.lr`` (0.1, 0.2, ...): the searcher runs each discrete
+    configuration once, so N trials need N values; the learning rate does not change the work."""
+    return [round(0.1 * (i + 1), 1) for i in range(n)]
+
+
 def ray_config(args: argparse.Namespace, runner: str, tmp: Path):
     from raypeft.config.schema import validate_experiment
 
@@ -509,7 +525,7 @@ def ray_config(args: argparse.Namespace, runner: str, tmp: Path):
                 "scheduler": {"type": "none"},
                 "max_concurrent": args.ray_max_concurrent,
             },
-            "space": {"method.lr": {"choice": [0.1, 0.3]}},
+            "space": {"method.lr": {"choice": searched_lrs(args.ray_trials)}},
             "resources": {"trial_runner": runner},
             "tracking": {
                 "uri": f"sqlite:///{tmp / 'mlflow.db'}",
@@ -534,6 +550,8 @@ def part_b(args: argparse.Namespace) -> bool:
 
     from raypeft.config.schema import apply_trial_params
     from raypeft.data import prepare_task
+    from raypeft.search.outcome import score_on_test
+    from raypeft.training.evaluation import TargetMetric
     from raypeft.training.loop import train
 
     n = args.ray_trials
@@ -548,7 +566,9 @@ def part_b(args: argparse.Namespace) -> bool:
     t0 = time.perf_counter()
     bare: list[float] = []
     passes: list[float] = []  # total of each bare pass: tokenise + N trials
+    tests: list[float] = []  # each bare pass's test evaluation of its best trial
     results: dict[str, float] = {}
+    phases: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="raypeft_bench_") as tmpdir:
         tmp = Path(tmpdir)
         base = ray_config(args, "in_process", tmp)
@@ -558,18 +578,24 @@ def part_b(args: argparse.Namespace) -> bool:
             start = time.perf_counter()
             task = prepare_task(base.task, base.model)
             prep = time.perf_counter() - start
-            times = []
+            times, best = [], (float("-inf"), None)
+            target = TargetMetric.of(base, task)  # higher is better for this task's metric
             for i in range(n):
-                cfg = apply_trial_params(base, {"method.lr": [0.1, 0.3][i % 2]})
+                cfg = apply_trial_params(base, {"method.lr": searched_lrs(n)[i]})
+                keep = BestCheckpoint(tmp / "bare_best", i)
                 start = time.perf_counter()
-                train(cfg, task, report=lambda m, c: None)
+                score = train(cfg, task, report=keep)[f"val_{target.name}"]
                 times.append(time.perf_counter() - start)
+                best = max(best, (score, keep.folder), key=lambda x: x[0])
+            start = time.perf_counter()
+            score_on_test(base, task, best[1])
+            tests.append(time.perf_counter() - start)
             bare.extend(times)
             passes.append(prep + sum(times))
             print(
                 f"  bare pass: tokenise {prep:.1f} s, trials "
                 + " ".join(f"{t:.1f}" for t in times)
-                + f" s; total {passes[-1]:.1f} s"
+                + f" s; total {passes[-1]:.1f} s; test evaluation of the best {tests[-1]:.1f} s"
                 + load_note(),
                 flush=True,
             )
@@ -582,7 +608,8 @@ def part_b(args: argparse.Namespace) -> bool:
             os.chdir(tmp)
             try:
                 start = time.perf_counter()
-                summary = run_experiment(cfg, quiet=True)
+                with timed_phases() as phases[runner]:
+                    summary = run_experiment(cfg, quiet=True)
                 ray.shutdown()
             finally:
                 os.chdir(cwd)
@@ -590,7 +617,8 @@ def part_b(args: argparse.Namespace) -> bool:
             print(
                 f"  ray {runner}: {results[runner]:.1f} s wall (summary.wall_s "
                 f"{summary.wall_s:.1f}); trials {summary.num_trials}, errors "
-                f"{summary.num_errors}{load_note()}",
+                f"{summary.num_errors}{load_note()}; phases "
+                + ", ".join(f"{k} {v:.1f} s" for k, v in phases[runner].items()),
                 flush=True,
             )
             if args.bare_between:
@@ -603,14 +631,26 @@ def part_b(args: argparse.Namespace) -> bool:
         "through Ray (s)",
         "ratio Ray/bare",
         "overhead per trial (s)",
+        "bare + test eval (s)",
+        "overhead per trial, test eval in both (s)",
     )
     rows = []
     for i, (runner, t) in enumerate(results.items()):
         # the bare passes run right before and after this search (noise drifts over minutes)
-        near = passes[i : i + 2] if args.bare_between else passes
-        ref = statistics.mean(near)
+        near = slice(i, i + 2) if args.bare_between else slice(None)
+        ref = statistics.mean(passes[near])
+        with_test = ref + statistics.mean(tests[near])
         rows.append(
-            (runner, str(n), f"{ref:.1f}", f"{t:.1f}", f"{t / ref:.2f}", f"{(t - ref) / n:+.1f}")
+            (
+                runner,
+                str(n),
+                f"{ref:.1f}",
+                f"{t:.1f}",
+                f"{t / ref:.2f}",
+                f"{(t - ref) / n:+.1f}",
+                f"{with_test:.1f}",
+                f"{(t - with_test) / n:+.1f}",
+            )
         )
     print_table(header, rows)
     print(
@@ -620,6 +660,50 @@ def part_b(args: argparse.Namespace) -> bool:
         flush=True,
     )
     return True
+
+
+class BestCheckpoint:
+    """A bare trial's reporter that keeps its latest checkpoint (the loop's best model so far)
+    in ``root/<index>``, for the test evaluation the search's finish phase does."""
+
+    def __init__(self, root: Path, index: int):
+        self.folder = root / str(index)
+
+    def __call__(self, metrics: dict, folder: Path | None) -> None:
+        import shutil
+
+        if folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            shutil.copytree(folder, self.folder)
+
+
+@contextlib.contextmanager
+def timed_phases():
+    """Seconds spent in each phase of ``run_experiment`` (and in ``ray.init``), measured by
+    wrapping the phase functions for the duration (the search reports only its total)."""
+    import raypeft.search.run as run_module
+
+    spent: dict[str, float] = {}
+    names = ("prepare", "open_records", "init_ray", "fit", "analyse", "finish")
+    originals = {name: getattr(run_module, name) for name in names}
+
+    def timed(name, fn):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+
+        return wrapper
+
+    for name, fn in originals.items():
+        setattr(run_module, name, timed(name, fn))
+    try:
+        yield spent
+    finally:
+        for name, fn in originals.items():
+            setattr(run_module, name, fn)
 
 
 # ----------------------------------------------------------------------------- CLI

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from raypeft.cli.options import OVERRIDES, fail, load_and_check, quiet_libraries
+from raypeft.search.resources import describe_placement
 
 
 @click.command("validate")
@@ -37,12 +38,17 @@ def command(
         fail("name one experiment file: raypeft validate FILE (or --space FILE)")
     file = file or space_file
     quiet_libraries()
-    cfg, _ = load_and_check(file, overrides, address)
+    cfg, checked = load_and_check(file, overrides, address)
     grid = cfg.grid_size()
     click.echo(
         f"{file}: ok ({cfg.method.name} on {cfg.model.name}, task {cfg.task.name}, "
         f"{cfg.search.num_samples} trials, {len(cfg.space)} searched keys"
         + (f", joint grid of {grid} points" if grid else "")
         + (f"; resources not checked: cluster {address}" if address else "")
+        + (
+            f"; {describe_placement(cfg, checked.trials_at_once, ' here')}"
+            if checked.trials_at_once
+            else ""
+        )
         + ")"
     )

@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     Tag,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -98,6 +99,12 @@ class TrainConfig(_Strict):
     seed: int = 42
     num_threads: int | None = Field(
         None, ge=1, description="torch threads per worker (default: its CPUs)"
+    )
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto",
+        description="what the frozen backbone computes in; trainable tensors and optimizer "
+        "state stay fp32. auto: bf16 where the hardware runs it fast (CUDA compute "
+        "capability >= 8, a CPU with AVX512-BF16 or AMX), else fp32; fp16: CUDA only",
     )
 
     @model_validator(mode="after")
@@ -207,6 +214,15 @@ class SchedulerConfig(_Strict):
     brackets: int = Field(3, ge=1, description="hyperband: number of brackets")
     min_samples_required: int = Field(
         3, ge=1, description="median: trials that must have reached a step before it compares"
+    )
+    metric: str | None = Field(
+        None,
+        description="what the scheduler compares trials on, at each evaluation (e.g. val_loss, "
+        "which does not tie where accuracies sit at the majority class); default: the search's "
+        "metric. The searcher still optimises search.metric",
+    )
+    mode: Literal["max", "min"] | None = Field(
+        None, description="direction of scheduler.metric; default: the metric's own"
     )
 
 
@@ -324,14 +340,80 @@ class SearchConfig(_Strict):
 
 
 class ResourcesConfig(_Strict):
+    """What one trial asks Ray for: ``workers_per_trial`` workers, each with
+    ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs."""
+
     workers_per_trial: int = Field(1, ge=1, description="Ray Train workers per trial (DDP)")
     cpus_per_worker: float = Field(1, gt=0)
-    use_gpu: bool = False
+    gpus_per_worker: float = Field(
+        0,
+        ge=0,
+        description="GPUs per worker: a fraction in (0, 1] shares one GPU between trials (0.25: "
+        "four trials per GPU, Ray's fractional GPUs; memory is not partitioned), or a whole "
+        "number. 0 (default): none, or 1 with use_gpu: true",
+    )
+    use_gpu: bool = Field(
+        False,
+        description="shorthand for gpus_per_worker: 1; beside a gpus_per_worker > 0 it is "
+        "redundant (that amount is used), and `use_gpu: false` beside it is an error",
+    )
     trial_runner: Literal["auto", "in_process", "ray_train"] = Field(
         "auto",
         description="auto: single-worker trials train inside the Tune trainable (faster, see "
-        "README), multi-worker trials in a Ray Train TorchTrainer",
+        "README), multi-worker trials in a Ray Train TorchTrainer, on CPU or GPU alike",
     )
+
+    @field_validator("gpus_per_worker")
+    @classmethod
+    def _ray_gpu_amount(cls, value: float, info: ValidationInfo) -> float:
+        # Ray's rule for resource amounts: a fraction of one unit, or whole units; it counts
+        # in steps of 0.0001, so a smaller fraction would be rounded to no GPU at all
+        if value > 1 and not float(value).is_integer():
+            raise ValueError(
+                "`0 < gpus_per_worker <= 1` (trials share a GPU) or a whole number of GPUs "
+                f"must hold, as Ray places GPUs, but got gpus_per_worker={value:g}"
+            )
+        if 0 < value < 1e-4:
+            raise ValueError(
+                "`gpus_per_worker >= 0.0001` must hold (Ray's smallest fraction), but got "
+                f"{value:g}"
+            )
+        workers = info.data.get("workers_per_trial", 1)
+        if workers > 1 and 0 < value < 1:
+            # Ray packs fractions onto one GPU, and NCCL refuses two DDP ranks on one GPU
+            raise ValueError(
+                "a fraction of a GPU is for trials sharing one; DDP workers each need whole "
+                f"GPUs, so `gpus_per_worker >= 1` must hold with workers_per_trial={workers}, "
+                f"but got {value:g}"
+            )
+        return value
+
+    @field_validator("use_gpu")
+    @classmethod
+    def _use_gpu_agrees(cls, value: bool, info: ValidationInfo) -> bool:
+        # runs only when use_gpu is given; gpus_per_worker (declared before) is validated
+        gpus = info.data.get("gpus_per_worker", 0)
+        if not value and gpus > 0:
+            raise ValueError(
+                f"`use_gpu: false` contradicts gpus_per_worker={gpus:g}: drop use_gpu "
+                "(gpus_per_worker > 0 uses a GPU)"
+            )
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpus_imply_use_gpu(cls, data: Any) -> Any:
+        # a dumped config then reads `use_gpu: true` beside its fraction, and validates again
+        if isinstance(data, dict) and "use_gpu" not in data:
+            gpus = data.get("gpus_per_worker")
+            if isinstance(gpus, (int, float)) and gpus > 0:
+                return {**data, "use_gpu": True}
+        return data
+
+    @property
+    def gpus(self) -> float:
+        """GPUs per worker: ``gpus_per_worker``, else 1 with ``use_gpu: true``, else 0."""
+        return float(self.gpus_per_worker or (1 if self.use_gpu else 0))
 
 
 class TrackingConfig(_Strict):
@@ -550,6 +632,16 @@ class ExperimentConfig(_Strict):
                 f"train.batch_size: `batch_size % resources.workers_per_trial == 0` must hold "
                 f"(DDP splits the global batch evenly over the workers), but got "
                 f"batch_size={self.train.batch_size}, workers_per_trial={workers}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fp16_needs_a_gpu(self) -> ExperimentConfig:
+        # caught here rather than when every trial starts and fails on its CPU
+        if self.train.precision == "fp16" and not self.resources.gpus:
+            raise ValueError(
+                "train.precision: fp16 needs a GPU (resources.use_gpu or gpus_per_worker > 0), "
+                "but the trials run on CPUs; use bf16 or auto there"
             )
         return self
 

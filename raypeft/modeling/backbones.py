@@ -243,6 +243,9 @@ class Backbone:
     model: PreTrainedModel
     dims: BackboneDims
     head_params: list[nn.Parameter]
+    # the weights the checkpoint lacked, drawn from the seed (empty for the tiny models, whose
+    # every weight is drawn from it)
+    seeded: frozenset[str] = frozenset()
 
     @property
     def word_embeddings(self) -> nn.Embedding:
@@ -255,42 +258,65 @@ class Backbone:
         return load_tokenizer(self.dims.model_name)
 
 
+def built_from_config(name: str) -> bool:
+    """Whether ``model.name`` is built from a config with random weights drawn from the seed
+    (the tiny test models) rather than read from a checkpoint."""
+    return name in TINY_CONFIGS
+
+
 def load_backbone(cfg: ModelConfig, num_labels: int, problem: str, seed: int = 0) -> Backbone:
-    """Load (or build, for tiny aliases) the model, freeze it, unfreeze the task head."""
+    """Load (or build, for tiny aliases) the model, freeze it, unfreeze the task head.
+
+    Always reads the checkpoint: :func:`raypeft.modeling.cache.cached_backbone` is the way to
+    keep one loaded between trials.
+    """
     # The head is expected to be missing from the checkpoint: skip transformers' load report.
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     config = load_config(cfg, num_labels, problem)
     kind = backbone_kind(config)
-    auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForSequenceClassification
     torch.manual_seed(seed)  # the head's (and a tiny model's) initialisation
-    if cfg.name in TINY_CONFIGS:
-        model = auto.from_config(config)
-        new_keys: set[str] = set()
-    else:
-        model, info = auto.from_pretrained(
-            resolve_source(cfg.name),
-            config=config,
-            revision=cfg.revision,
-            output_loading_info=True,
-        )
-        new_keys = set(info.get("missing_keys", []))
+    model, new_keys = _instantiate(cfg, config, kind)
     model.requires_grad_(False)
     model.eval()  # dropout off in the frozen backbone; the train loop switches modes
     dims = backbone_dims(config, cfg.max_length, cfg.name)
+    seeded = frozenset(name for name, _ in model.named_parameters() if name in new_keys)
     if kind == "seq2seq":  # labels are text: the language-model head stays frozen
-        return Backbone(model=model, dims=dims, head_params=[])
+        return Backbone(model=model, dims=dims, head_params=[], seeded=seeded)
+    head = _unfreeze_head(model, new_keys, cfg.name)
+    return Backbone(model=model, dims=dims, head_params=head, seeded=seeded)
+
+
+def _instantiate(
+    cfg: ModelConfig, config: PretrainedConfig, kind: BackboneKind
+) -> tuple[PreTrainedModel, set[str]]:
+    """The model (built from ``config`` for tiny aliases, else read from the checkpoint) and
+    the names of the weights the checkpoint did not provide."""
+    auto = AutoModelForSeq2SeqLM if kind == "seq2seq" else AutoModelForSequenceClassification
+    if built_from_config(cfg.name):
+        return auto.from_config(config), set()
+    model, info = auto.from_pretrained(
+        resolve_source(cfg.name),
+        config=config,
+        revision=cfg.revision,
+        output_loading_info=True,
+    )
+    return model, set(info.get("missing_keys", []))
+
+
+def _unfreeze_head(model: PreTrainedModel, new_keys: set[str], name: str) -> list[nn.Parameter]:
+    """Unfreeze and return the classification head's parameters."""
     head = []
-    for name, param in model.named_parameters():
-        in_head = any(part in HEAD_MODULE_NAMES for part in name.split("."))
+    for param_name, param in model.named_parameters():
+        in_head = any(part in HEAD_MODULE_NAMES for part in param_name.split("."))
         # weights the checkpoint did not provide (e.g. a missing pooler) would stay random
         # if frozen; they train with the head instead
-        if in_head or name in new_keys:
+        if in_head or param_name in new_keys:
             param.requires_grad_(True)
             head.append(param)
     if not head:
-        raise ConfigError(f"model.name: {cfg.name!r} has no classification head to train")
-    return Backbone(model=model, dims=dims, head_params=head)
+        raise ConfigError(f"model.name: {name!r} has no classification head to train")
+    return head
 
 
 class FrozenBackbone:

@@ -1,15 +1,20 @@
 """The model a trial trains: frozen backbone, task head and the configured prompt method.
 
 Training builds it to train it; serving builds it again, the same way and with the same seed,
-to load trained tensors into. Both go through :func:`build_model`.
+to load trained tensors into. Both go through :func:`build_model`, which takes the frozen backbone
+from the process's cache (:mod:`raypeft.modeling.cache`): a process training several trials reads
+it from disk once.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+import torch
+
 from raypeft.config.schema import ExperimentConfig
-from raypeft.modeling.backbones import load_backbone, load_tokenizer
+from raypeft.modeling.backbones import load_tokenizer
+from raypeft.modeling.cache import cached_backbone
 from raypeft.modeling.prompted import PromptedModel
 
 
@@ -35,10 +40,32 @@ class TaskLabels(Protocol):
     def verbalizers(self) -> list[str] | None: ...
 
 
-def build_model(cfg: ExperimentConfig, task: TaskLabels) -> PromptedModel:
-    """Frozen backbone + head + the configured method, seeded by ``train.seed``."""
-    backbone = load_backbone(cfg.model, task.num_labels, task.spec.problem, seed=cfg.train.seed)
-    model = PromptedModel(backbone, cfg.method)
+def build_model(
+    cfg: ExperimentConfig,
+    task: TaskLabels,
+    *,
+    device: torch.device | str | None = None,
+    precision: str = "fp32",
+) -> PromptedModel:
+    """Frozen backbone + head + the configured method, seeded by ``train.seed``, on ``device``
+    (default CPU).
+
+    The frozen weights are kept in ``precision``'s dtype (a resolved precision: fp32, bf16 or
+    fp16; :mod:`raypeft.modeling.precision`); the head and the method's tensors stay float32.
+    The model is the same, tensor for tensor, whether its backbone came from the cache or disk.
+    """
+    backbone = cached_backbone(
+        cfg.model,
+        task.num_labels,
+        task.spec.problem,
+        seed=cfg.train.seed,
+        precision=precision,
+        device=device,
+    )
+    # the method's tensors are made beside the word embeddings some start from (or on the CPU),
+    # then everything joins the backbone on its device
+    model = PromptedModel(backbone, cfg.method).to(device or "cpu")
+    model.precision = precision
     if model.kind == "seq2seq":
         model.verbalizers = task.verbalizers
         model.tokenizer = load_tokenizer(cfg.model.name, cfg.model.revision)

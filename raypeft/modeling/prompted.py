@@ -18,6 +18,7 @@ from torch import nn
 
 from raypeft.methods import MethodConfig, PromptMethod, build_method
 from raypeft.modeling.backbones import Backbone, transformer_layers
+from raypeft.modeling.precision import autocast
 
 TRAINABLE_FILE = "trainable.safetensors"
 
@@ -32,7 +33,12 @@ class PromptedOutput:
 
 
 class PromptedModel(nn.Module):
-    """Runs ``method.prepare_inputs`` then the frozen backbone with its task head."""
+    """Runs ``method.prepare_inputs`` then the frozen backbone with its task head.
+
+    The backbone runs in ``precision`` (:mod:`raypeft.modeling.precision`, set by
+    :func:`raypeft.modeling.build.build_model`); the method's own computation, the head's
+    loss and the logits returned for a head stay float32.
+    """
 
     def __init__(self, backbone: Backbone, method_config: MethodConfig):
         super().__init__()
@@ -45,6 +51,7 @@ class PromptedModel(nn.Module):
         self._head_names = {name for name, p in self.backbone.named_parameters() if p.requires_grad}
         self.verbalizers: list[str] | None = None  # seq2seq classes as text (set by build_model)
         self.tokenizer = None  # seq2seq: decodes generated labels (set by build_model)
+        self.precision = "fp32"  # what the backbone computes in (set by build_model)
         if self.method.uses_layer_prompts:
             self._install_layer_hooks()
 
@@ -104,11 +111,17 @@ class PromptedModel(nn.Module):
             if target_ids is None:
                 raise ValueError("a seq2seq backbone needs target_ids (the labels as text)")
             targets = target_ids.masked_fill(target_ids == self.backbone.config.pad_token_id, -100)
-            out = self.backbone(**kwargs, labels=targets)
-            return PromptedOutput(logits=out.logits, loss=out.loss)
-        logits = self.backbone(**kwargs).logits
+            with autocast(self.precision, input_ids.device):  # the loss is fp32 under autocast
+                out = self.backbone(**kwargs, labels=targets)
+            return PromptedOutput(logits=out.logits, loss=out.loss.float())
+        logits = self._head_logits(kwargs, input_ids.device)
         loss = None if labels is None else head_loss(logits, labels)
         return PromptedOutput(logits=logits, loss=loss)
+
+    def _head_logits(self, kwargs: dict, device: torch.device) -> torch.Tensor:
+        """The head's outputs for the backbone's inputs, in float32 whatever the precision."""
+        with autocast(self.precision, device):
+            return self.backbone(**kwargs).logits.float()
 
     @torch.no_grad()
     def predict(self, input_ids, attention_mask, token_type_ids=None, features=None, **_):
@@ -117,15 +130,16 @@ class PromptedModel(nn.Module):
         it names no class) or a float (NaN when it is not a number)."""
         kwargs = self.backbone_inputs(input_ids, attention_mask, token_type_ids, features)
         if self.kind != "seq2seq":
-            return self.backbone(**kwargs).logits.float().cpu().numpy()
+            return self._head_logits(kwargs, input_ids.device).cpu().numpy()
         longest = (
             8
             if self.verbalizers is None
             else max(len(self.tokenizer(v)["input_ids"]) for v in self.verbalizers)
         )
-        generated = self.backbone.generate(
-            **kwargs, max_new_tokens=longest + 1, do_sample=False, num_beams=1
-        )
+        with autocast(self.precision, input_ids.device):
+            generated = self.backbone.generate(
+                **kwargs, max_new_tokens=longest + 1, do_sample=False, num_beams=1
+            )
         texts = [
             t.strip() for t in self.tokenizer.batch_decode(generated, skip_special_tokens=True)
         ]

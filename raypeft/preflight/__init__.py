@@ -11,7 +11,7 @@ with the experiment file's name; nothing is created before all pass):
 5. stores (:mod:`raypeft.tracking.stores`): the tracking URI and Optuna storage can be
    opened, and a tracking server answers;
 6. resources (:mod:`raypeft.search.resources`): one trial fits this machine (a cluster,
-   ``address``, is checked once the search connects to it).
+   ``address``, is checked once the search connects to it), and how many run at once.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from raypeft.methods import BackboneDims
 from raypeft.preflight.data import check_task
 from raypeft.preflight.model import check_model
 from raypeft.preflight.settings import check_method_settings
-from raypeft.search.resources import check_fits, local_nodes
+from raypeft.search.resources import check_fits, local_nodes, trials_at_once
 from raypeft.tracking.stores import check_stores, check_tracking_store
 
 STAGES = ("schema", "files and data", "model", "method settings", "stores", "resources")
@@ -44,6 +44,7 @@ class Checked:
     dims: BackboneDims  # the backbone's shapes
     method_settings: int  # distinct method settings of the space, each checked
     resources_checked: bool  # False for a cluster (``address``): checked once connected
+    trials_at_once: int | None = None  # on this machine; None for a cluster
 
 
 def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None) -> Checked:
@@ -55,12 +56,15 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
         model = check_model(cfg.model, task.spec)
         settings = check_method_settings(cfg, model, source)
         _check_stores(cfg)
+        at_once = None
         if address is None:
-            check_fits(cfg, local_nodes())
+            nodes = local_nodes()
+            check_fits(cfg, nodes)
+            at_once = trials_at_once(cfg, nodes)
     except ConfigError as exc:
         text = str(exc)
         raise ConfigError(text if text.startswith(f"{source}: ") else f"{source}: {text}") from None
-    return Checked(task.spec, task.sizes, model.dims, settings, address is None)
+    return Checked(task.spec, task.sizes, model.dims, settings, address is None, at_once)
 
 
 def _check_stores(cfg: ExperimentConfig) -> None:

@@ -19,6 +19,10 @@ from ray.tune.experiment import Trial
 from raypeft.config.schema import DERIVED_PREFIX
 from raypeft.training.result_keys import FAILURE_KEY
 
+# a trial waiting to run again (paused, or restarted after its worker died) whose reported
+# values are partial, like a running trial's
+_PAUSED_OR_PENDING = (Trial.PAUSED, Trial.PENDING)
+
 
 def _short(key: str) -> str:
     """``method.lr_prompt`` -> ``lr_prompt``; ``derived.rank`` -> ``rank``."""
@@ -91,16 +95,29 @@ class ProgressPrinter(Callback):
         value = (trial.last_result or {}).get(self.metric_key)
         return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
+    def _finished(self, trial: Trial) -> bool:
+        """Ended and scored: the only trials a "best" may name. A running, paused or pending
+        trial (one Tune restarts after a failure keeps its earlier results) has reported a
+        partial value; an errored or diverged trial is a failure, whatever it reported."""
+        result = trial.last_result or {}
+        return trial.status == Trial.TERMINATED and FAILURE_KEY not in result
+
+    def _in_flight(self, trial: Trial) -> bool:
+        """Running, or paused/pending after reporting (a queued trial has nothing to show)."""
+        if trial.status == Trial.RUNNING:
+            return True
+        return trial.status in _PAUSED_OR_PENDING and self._score(trial) is not None
+
     def table(self, trials: list[Trial]) -> str:
-        """Running trials first, then the best finished ones, at most ``show_rows``."""
+        """Trials in flight first, then the best finished ones, at most ``show_rows``."""
         counts: dict[str, int] = {}
         for trial in trials:
             counts[trial.status] = counts.get(trial.status, 0) + 1
         sign = 1 if self.mode == "max" else -1
-        running = [t for t in trials if t.status == Trial.RUNNING]
-        scored = [t for t in trials if t.status != Trial.RUNNING and self._score(t) is not None]
+        in_flight = [t for t in trials if self._in_flight(t)]
+        scored = [t for t in trials if self._finished(t) and self._score(t) is not None]
         scored.sort(key=lambda t: -sign * self._score(t))
-        rows = (running + scored)[: self.show_rows]
+        rows = (in_flight + scored)[: self.show_rows]
         best = scored[0] if scored else None
         elapsed = (time.monotonic() - self._start) / 60
         status = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))

@@ -1,10 +1,13 @@
-"""Does one trial's resource request fit the machines that will run it?
+"""Does one trial's resource request fit the machines that will run it, and how many trials
+run at once?
 
 A trial asks for ``resources.workers_per_trial`` workers of ``resources.cpus_per_worker`` CPUs
-(and one GPU each with ``resources.use_gpu``). Ray places each worker on one node, so every
-worker must fit a single node, and together they must fit the cluster (workers of a Ray Train
-trial may spread over nodes). A request that can never be placed would leave Ray waiting
-forever; :func:`check_fits` rejects it before anything starts.
+and ``resources.gpus_per_worker`` GPUs (``use_gpu: true`` is 1). A fraction of a GPU is Ray's
+fractional GPU: Ray places requests of 0.25 on one GPU until it is full, so four trials share
+it (compute and memory alike: Ray does not partition the GPU's memory). Ray places each worker
+on one node, so every worker must fit a single node, and together they must fit the cluster
+(workers of a Ray Train trial may spread over nodes). A request that can never be placed would
+leave Ray waiting forever; :func:`check_fits` rejects it before anything starts.
 
 Pure functions: ``nodes`` describe machines as Ray resource mappings (``{"CPU": 16, "GPU": 2}``),
 either this machine (:func:`local_nodes`, what ``raypeft tune`` starts without ``--address``)
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +44,21 @@ def local_nodes() -> list[dict[str, float]]:
 
 
 def worker_request(cfg: Any) -> dict[str, float]:
-    """What one worker of a trial asks Ray for."""
+    """What one worker of a trial asks Ray for (an in-process trial is one such worker)."""
     res = cfg.resources
-    return {"CPU": float(res.cpus_per_worker), "GPU": 1.0 if res.use_gpu else 0.0}
+    return {"CPU": float(res.cpus_per_worker), "GPU": res.gpus}
+
+
+def ray_train_scaling(cfg: Any) -> dict[str, Any]:
+    """``ray.train.ScalingConfig`` arguments of a Ray Train trial: each worker's CPUs and
+    (fractional) GPUs; Ray Train wants ``use_gpu`` to agree with a ``GPU`` amount."""
+    request = worker_request(cfg)
+    per_worker = {k: v for k, v in request.items() if k == "CPU" or v > 0}
+    return {
+        "num_workers": cfg.resources.workers_per_trial,
+        "use_gpu": request["GPU"] > 0,
+        "resources_per_worker": per_worker,
+    }
 
 
 def _workers_on(node: dict[str, float], request: dict[str, float]) -> int:
@@ -54,37 +70,104 @@ def _workers_on(node: dict[str, float], request: dict[str, float]) -> int:
     return 0 if fits is math.inf else int(fits)
 
 
+def trials_at_once(cfg: Any, nodes: list[dict[str, float]]) -> int:
+    """How many trials ``nodes`` run at the same time (0: not even one); at most
+    ``search.max_concurrent`` when that is set."""
+    slots = sum(_workers_on(n, worker_request(cfg)) for n in nodes)
+    fits = slots // cfg.resources.workers_per_trial
+    limit = cfg.search.max_concurrent
+    return min(fits, limit) if limit else fits
+
+
+def describe_placement(cfg: Any, at_once: int, where: str = "") -> str:
+    """``"4 at a time (each 0.5 CPU and 0.25 GPU: 4 trials share a GPU)"``: the plan line;
+    ``where`` follows "at a time" (``" here"``)."""
+    res = cfg.resources
+    request = worker_request(cfg)
+    each = f"{_num(request['CPU'])} CPU" + (f" and {_num(request['GPU'])} GPU" if res.gpus else "")
+    if res.workers_per_trial > 1:
+        each = f"{res.workers_per_trial} workers of {each}"
+    sharing = ""
+    if 0 < res.gpus < 1:
+        sharing = f": {math.floor(1 / res.gpus + _EPS)} trials share a GPU"
+    return f"{at_once} at a time{where} (each {each}{sharing})"
+
+
+def describe_gpus(nodes: list[dict[str, float]]) -> str:
+    """GPUs per node, grouped: ``"2 nodes with 1 GPU, 1 node with no GPU"``."""
+    counts = Counter(n.get("GPU", 0.0) for n in nodes)
+    parts = []
+    for gpus, count in sorted(counts.items(), reverse=True):
+        what = f"{_num(gpus)} GPU{'s' if gpus > 1 else ''}" if gpus else "no GPU"
+        parts.append(f"{count} node{'s' if count > 1 else ''} with {what}")
+    return ", ".join(parts)
+
+
 def check_fits(cfg: Any, nodes: list[dict[str, float]], where: str = "this machine") -> None:
     """Raise :class:`ConfigError` (one line, naming the key and the rule) when one trial of
     ``cfg`` cannot be placed on ``nodes``; ``where`` names them in the message."""
-    res = cfg.resources
-    request = worker_request(cfg)
-    workers = res.workers_per_trial
-    total_cpu = sum(n.get("CPU", 0.0) for n in nodes)
-    total_gpu = sum(n.get("GPU", 0.0) for n in nodes)
-    largest_cpu = max((n.get("CPU", 0.0) for n in nodes), default=0.0)
     hint = "" if where != "this machine" else " (a cluster: pass --address)"
-    if res.use_gpu and total_gpu < 1:
+    _check_gpus(cfg, nodes, where, hint)
+    _check_cpus(cfg, nodes, where, hint)
+    _check_workers(cfg, nodes, where, hint)
+
+
+def _gpu_key(cfg: Any) -> str:
+    """The key a GPU message names: ``use_gpu`` where the file asked for a GPU with it."""
+    return "gpus_per_worker" if cfg.resources.gpus_per_worker > 0 else "use_gpu"
+
+
+def _check_gpus(cfg: Any, nodes: list[dict[str, float]], where: str, hint: str) -> None:
+    """A GPU request needs a node with that many GPUs (a worker's GPUs are on one node)."""
+    gpus = worker_request(cfg)["GPU"]
+    if gpus <= 0:
+        return
+    key = _gpu_key(cfg)
+    asked = _num(gpus) if key == "gpus_per_worker" else "true"  # the value, after the key
+    largest = max((n.get("GPU", 0.0) for n in nodes), default=0.0)
+    if largest <= 0:
+        undo = "`gpus_per_worker: 0`" if key == "gpus_per_worker" else "`use_gpu: false`"
         raise ConfigError(
-            f"resources.use_gpu: true needs a GPU per worker, but {where} has none; "
-            f"`use_gpu: false` must hold here{hint}"
+            f"resources.{key}: {asked} needs a GPU per worker, but {where} has none "
+            f"({describe_gpus(nodes)}); {undo} must hold here{hint}"
         )
+    if gpus > largest + _EPS:
+        raise ConfigError(
+            f"resources.{key}: each worker runs on one node, so `gpus_per_worker <= "
+            f"{_num(largest)}` must hold (the most GPUs of a node of {where}: "
+            f"{describe_gpus(nodes)}), but got {_num(gpus)}{hint}"
+        )
+
+
+def _check_cpus(cfg: Any, nodes: list[dict[str, float]], where: str, hint: str) -> None:
+    """A worker's CPUs fit one node, beside its GPUs."""
+    request = worker_request(cfg)
+    largest_cpu = max((n.get("CPU", 0.0) for n in nodes), default=0.0)
     if request["CPU"] > largest_cpu + _EPS:
         raise ConfigError(
             f"resources.cpus_per_worker: each worker runs on one node, so `cpus_per_worker <= "
             f"{_num(largest_cpu)}` must hold (the most CPUs of a node of {where}), but got "
             f"cpus_per_worker={_num(request['CPU'])}{hint}"
         )
-    if res.use_gpu and not any(_workers_on(n, request) for n in nodes):
+    if request["GPU"] > 0 and not any(_workers_on(n, request) for n in nodes):
         raise ConfigError(
-            f"resources.cpus_per_worker: a worker needs {_num(request['CPU'])} CPUs and a GPU "
-            f"on one node, but no node of {where} has both{hint}"
+            f"resources.cpus_per_worker: a worker needs {_num(request['CPU'])} CPUs and "
+            f"{_num(request['GPU'])} GPU on one node, but no node of {where} has both{hint}"
         )
-    if res.use_gpu and workers > total_gpu + _EPS:
+
+
+def _check_workers(cfg: Any, nodes: list[dict[str, float]], where: str, hint: str) -> None:
+    """All workers of one trial fit the nodes together."""
+    request = worker_request(cfg)
+    workers = cfg.resources.workers_per_trial
+    total_cpu = sum(n.get("CPU", 0.0) for n in nodes)
+    total_gpu = sum(n.get("GPU", 0.0) for n in nodes)
+    if request["GPU"] > 0 and workers * request["GPU"] > total_gpu + _EPS:
+        most = math.floor(total_gpu / request["GPU"] + _EPS)
         raise ConfigError(
-            f"resources.workers_per_trial: each worker takes a GPU, so `workers_per_trial <= "
-            f"{_num(total_gpu)}` must hold (the GPUs of {where}), but got "
-            f"workers_per_trial={workers}{hint}"
+            f"resources.workers_per_trial: each worker takes {_num(request['GPU'])} GPU, so "
+            f"`workers_per_trial <= {most}` must hold (the {_num(total_gpu)} GPUs of {where}), "
+            f"but got workers_per_trial={workers}{hint}"
         )
     if workers * request["CPU"] > total_cpu + _EPS:
         raise ConfigError(
@@ -92,12 +175,13 @@ def check_fits(cfg: Any, nodes: list[dict[str, float]], where: str = "this machi
             f"{_num(total_cpu)}` must hold (the CPUs of {where}), but got {workers} × "
             f"{_num(request['CPU'])} = {_num(workers * request['CPU'])}{hint}"
         )
-    if sum(_workers_on(n, request) for n in nodes) < workers:
+    placed = sum(_workers_on(n, request) for n in nodes)
+    if placed < workers:
+        gpu = f" and {_num(request['GPU'])} GPU" if request["GPU"] > 0 else ""
         raise ConfigError(
             f"resources.workers_per_trial: {workers} workers of {_num(request['CPU'])} CPUs"
-            + (" and a GPU" if res.use_gpu else "")
-            + f" each must fit on the nodes of {where} (each worker on one node), but at most "
-            f"{sum(_workers_on(n, request) for n in nodes)} do{hint}"
+            f"{gpu} each must fit on the nodes of {where} (each worker on one node), but at "
+            f"most {placed} do{hint}"
         )
 
 

@@ -49,7 +49,7 @@ from raypeft.search.progress import ProgressPrinter
 from raypeft.search.publish import open_lineage, publish_best
 from raypeft.search.ray_session import init_ray
 from raypeft.search.repeats import run_repeats
-from raypeft.search.resources import check_fits, cluster_nodes
+from raypeft.search.resources import check_fits, cluster_nodes, describe_placement
 from raypeft.search.results import TrialResult, trial_results
 from raypeft.search.searcher import (
     Constraints,
@@ -66,6 +66,7 @@ from raypeft.search.trial_runners import storage_path
 from raypeft.search.tuner import (
     TuneRunner,
     experiment_path,
+    max_concurrent,
     optuna_searcher,
     scheduler,
     warn_if_storage_not_shared,
@@ -427,7 +428,8 @@ def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
         resume=records.resuming,
     )
     opts.say(
-        f"Searching: {cfg.search.num_samples} trials, sampler {cfg.search.sampler}, "
+        f"Searching: {cfg.search.num_samples} trials, "
+        f"{describe_placement(cfg, max_concurrent(cfg))}, sampler {cfg.search.sampler}, "
         f"scheduler {cfg.search.scheduler.type} ..."
     )
     results = runner.fit(

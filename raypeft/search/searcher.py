@@ -22,12 +22,14 @@ from typing import Any
 import optuna
 import psutil
 from optuna.trial import TrialState
+from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
 
 from raypeft.config.redact import redact_uri
 from raypeft.config.schema import (
     EFFICIENCY_METRICS,
     Bound,
+    ChoiceParam,
     ExperimentConfig,
     GridParam,
     is_conditional,
@@ -48,6 +50,9 @@ ERROR_ATTR = "raypeft.error"  # why the trial failed
 # cannot change once finished) with RESUMED_FROM_ATTR: the paused trial's number.
 INTERRUPTED_ATTR = "raypeft.interrupted"
 RESUMED_FROM_ATTR = "raypeft.resumed_from_trial"
+# In a discrete space, a proposal of a configuration the study already holds is not trained
+# again: it is answered from that trial (its number, under this attribute).
+ANSWERED_FROM_ATTR = "raypeft.answered_from_trial"
 # A study attribute per search (this prefix + its parent run id): the process running it,
 # "host|pid|start time". A search started beside it leaves its trials alone.
 DRIVER_ATTR = "raypeft.driver."
@@ -77,7 +82,9 @@ def _check_name(name: str, task_metrics: tuple[str, ...], where: str) -> None:
 def resolve_objectives(
     cfg: ExperimentConfig, task_metrics: tuple[str, ...]
 ) -> list[ResolvedObjective]:
-    """The search's objectives (first one primary), checked against the task's metrics."""
+    """The search's objectives (first one primary), checked against the task's metrics (and
+    so is the scheduler's own metric, ``search.scheduler.metric``)."""
+    check_scheduler_metric(cfg, task_metrics)
     out = []
     for i, objective in enumerate(cfg.search.objective_list(task_metrics[0])):
         where = f"search.objectives[{i}].metric" if cfg.search.objectives else "search.metric"
@@ -88,6 +95,28 @@ def resolve_objectives(
         mode = objective.mode or (cfg.search.mode if not cfg.search.objectives else None) or default
         out.append(ResolvedObjective(objective.metric, mode, result_key(objective.metric)))
     return out
+
+
+def scheduler_target(cfg: ExperimentConfig, key: str, mode: str) -> tuple[str, str]:
+    """The result key and direction the trial scheduler compares trials on:
+    ``search.scheduler.metric`` (this evaluation's value, e.g. ``val_loss``) where set, else
+    the search's own (``key``, ``mode``). Names are checked by :func:`check_scheduler_metric`."""
+    name = cfg.search.scheduler.metric
+    if not name:
+        return key, mode
+    bare = name.removeprefix("val_")
+    return f"val_{bare}", cfg.search.scheduler.mode or METRIC_MODE.get(bare, "max")
+
+
+def check_scheduler_metric(cfg: ExperimentConfig, task_metrics: tuple[str, ...]) -> None:
+    """``search.scheduler.metric`` must be a validation metric every evaluation reports."""
+    name = cfg.search.scheduler.metric
+    known = tuple(f"val_{m}" for m in (*task_metrics, "loss"))
+    if name and f"val_{name.removeprefix('val_')}" not in known:
+        raise ConfigError(
+            f"search.scheduler.metric: {name!r} is not reported at each evaluation of this "
+            f"task; choose one of {known}"
+        )
 
 
 def resolve_constraints(cfg: ExperimentConfig, task_metrics: tuple[str, ...]) -> Constraints:
@@ -315,6 +344,24 @@ def plan_study(
     return StudyPlan(url, storage, name, remaining_grid_points(grid, finished), len(finished))
 
 
+def discrete_space(cfg: ExperimentConfig) -> bool:
+    """Whether a configuration alone decides its trial's result: every searched key takes
+    listed values (grid or choice) and every trial trains with the same seed. Then a
+    configuration run once need not be trained again."""
+    categorical = all(isinstance(p, (GridParam, ChoiceParam)) for p in cfg.space.values())
+    return categorical and (cfg.search.trial_seed == "fixed" or "train.seed" in cfg.space)
+
+
+# the trial a repeated configuration is answered from: a finished one first (a full run, then
+# the furthest pruned), else one of this search still training (answered when it ends)
+_ORIGINAL_RANK = {TrialState.COMPLETE: 0, TrialState.PRUNED: 1, TrialState.RUNNING: 2}
+
+
+def _rank(trial: optuna.trial.FrozenTrial) -> tuple:
+    step = trial.user_attrs.get(METRICS_ATTR, {}).get("step", 0)
+    return _ORIGINAL_RANK[trial.state], -step, trial.number
+
+
 class PruningAwareSearch(OptunaSearch):
     """``OptunaSearch`` that tells Optuna which trials the scheduler pruned, and at what step.
 
@@ -330,6 +377,7 @@ class PruningAwareSearch(OptunaSearch):
         objectives: list[ResolvedObjective],
         constraints: Constraints,
         parent_run_id: str,
+        answer_repeats: bool = False,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
@@ -337,6 +385,8 @@ class PruningAwareSearch(OptunaSearch):
         self.objectives = objectives
         self.constraints = constraints
         self.parent_run_id = parent_run_id
+        self.answer_repeats = answer_repeats  # the space is discrete (discrete_space)
+        self._waiting: list[tuple[optuna.trial.Trial, int]] = []  # (repeat, original's id)
         self._note_driver()
 
     def _note_driver(self) -> None:
@@ -349,13 +399,132 @@ class PruningAwareSearch(OptunaSearch):
             self._driver = driver
 
     def suggest(self, trial_id: str):
+        """The next configuration to train. With ``answer_repeats``, a proposal of a
+        configuration the study already holds is answered from it (not a trial: Tune's
+        ``num_samples`` counts trained configurations) and the sampler asked again; after
+        :attr:`MAX_REPEATS` repeats in a row, a configuration not yet run is drawn at random,
+        and when none is left the search ends."""
         self._note_driver()
-        config = super().suggest(trial_id)
-        ot_trial = self._ot_trials.get(trial_id)
-        if ot_trial is not None:  # cross-references for optuna-dashboard and MLflow
-            ot_trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
+        self._answer_waiting()
+        repeats = 0
+        while True:
+            if repeats >= self.MAX_REPEATS:
+                unrun = self._unrun_configuration()
+                if unrun is None:
+                    logger.info("Every configuration of the space has run: the search ends")
+                    return Searcher.FINISHED
+                self._ot_study.enqueue_trial(unrun)  # what the next ask returns
+            config = super().suggest(trial_id)
+            ot_trial = self._ot_trials.get(trial_id)
+            if ot_trial is None:
+                return config
+            # cross-references for optuna-dashboard and MLflow
             ot_trial.set_user_attr(PARENT_RUN_ATTR, self.parent_run_id)
-        return config
+            original = self._same_configuration(ot_trial) if self.answer_repeats else None
+            if original is None:
+                ot_trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
+                return config
+            del self._ot_trials[trial_id]  # so that super().suggest asks Optuna again
+            self._set_aside(ot_trial, original)
+            repeats += 1
+
+    # A sampler that converged keeps proposing its best configuration; answering it again
+    # and again would only grow the study, so after this many repeats in a row it explores.
+    MAX_REPEATS = 3
+
+    def _run_configurations(self) -> list[dict[str, Any]]:
+        """Configurations the study has run or is running (answered repeats aside)."""
+        return [
+            t.params
+            for t in self._ot_study.get_trials(deepcopy=False)
+            if ANSWERED_FROM_ATTR not in t.user_attrs
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+        ]
+
+    def _unrun_configuration(self, draws: int = 2000) -> dict[str, Any] | None:
+        """A configuration of the space no trial has run, drawn at random (a throwaway
+        in-memory study, so the persisted one only holds real proposals); None when
+        ``draws`` draws found none (the space is, in effect, exhausted)."""
+        run = self._run_configurations()
+        scratch = optuna.create_study(
+            sampler=optuna.samplers.RandomSampler(seed=len(run)),  # reproducible per search
+            directions=self._ot_study.directions,
+        )
+        for _ in range(draws):
+            trial = scratch.ask()
+            self._space(trial)  # the define-by-run function samples every key
+            if trial.params not in run:
+                return dict(trial.params)
+        return None
+
+    def _same_configuration(self, ot_trial: optuna.trial.Trial) -> optuna.trial.FrozenTrial | None:
+        """The trial of the study with the same configuration as ``ot_trial``, if any: a
+        finished one (of any search of the study), or one of this search still training."""
+        params = ot_trial.params
+        same = [
+            t
+            for t in self._ot_study.get_trials(deepcopy=False)
+            if t.number != ot_trial.number
+            and ANSWERED_FROM_ATTR not in t.user_attrs
+            and t.params == params
+            and (
+                t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                or (
+                    t.state == TrialState.RUNNING
+                    and t.user_attrs.get(PARENT_RUN_ATTR) == self.parent_run_id
+                )
+            )
+        ]
+        return min(same, key=_rank, default=None)
+
+    def _set_aside(self, repeat: optuna.trial.Trial, original: optuna.trial.FrozenTrial) -> None:
+        """Answer ``repeat`` from ``original`` now, or when ``original`` ends."""
+        repeat.set_user_attr(ANSWERED_FROM_ATTR, original.number)
+        logger.info(
+            "Optuna trial %d repeats trial %d's configuration: answered from it, not trained",
+            repeat.number,
+            original.number,
+        )
+        if original.state.is_finished():
+            self._answer(repeat, original)
+        else:
+            self._waiting.append((repeat, original._trial_id))
+
+    def _answer_waiting(self) -> None:
+        """Answer the repeats whose original trial has ended since they were proposed."""
+        still = []
+        for repeat, original_id in self._waiting:
+            storage = repeat.storage
+            if storage.get_trial(repeat._trial_id).state.is_finished():
+                continue  # closed meanwhile (an interrupted search fails what was running)
+            original = storage.get_trial(original_id)
+            if original.state.is_finished():
+                self._answer(repeat, original)
+            else:
+                still.append((repeat, original_id))
+        self._waiting = still
+
+    def _answer(self, repeat: optuna.trial.Trial, original: optuna.trial.FrozenTrial) -> None:
+        """Tell Optuna ``repeat`` ended as ``original`` did: the same state, values,
+        intermediate values, metrics and constraints (a fixed seed gives the same run)."""
+        if len(self.objectives) == 1:
+            for step, value in sorted(original.intermediate_values.items()):
+                repeat.report(value, step)
+        for key in (METRICS_ATTR, "raypeft.pruned_at_step", ERROR_ATTR):
+            if key in original.user_attrs:
+                repeat.set_user_attr(key, original.user_attrs[key])
+        for key, value in original.system_attrs.items():
+            if key.startswith("constraints:"):  # Trial.set_constraint's keys (Optuna 5)
+                repeat.set_constraint(key.split(":", 1)[1], value)
+        values = original.values if original.state == TrialState.COMPLETE else None
+        try:
+            self._ot_study.tell(
+                repeat,
+                values if values is None or len(values) > 1 else values[0],
+                state=original.state,
+            )
+        except Exception as exc:  # the study must never take the search down
+            logger.warning("Optuna could not record trial %d: %s", repeat.number, exc)
 
     def take_up_interrupted(self, trial_id: str) -> None:
         """A trial the search paused on was closed FAIL in the study (so that nothing was left
@@ -448,6 +617,7 @@ class PruningAwareSearch(OptunaSearch):
         except Exception as exc:  # the study must never take the search down
             logger.warning("Optuna could not record trial %s: %s", trial_id, exc)
         self._completed_trials.add(trial_id)
+        self._answer_waiting()  # repeats of this configuration proposed while it trained
 
 
 def pareto_front(rows: list[dict[str, float]], objectives: list[ResolvedObjective]) -> list[int]:

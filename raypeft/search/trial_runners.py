@@ -1,6 +1,7 @@
 """How one trial runs: in the Tune function trainable (one worker), or as a Ray Train
 ``TorchTrainer`` (one or more DDP workers). Either way it runs :func:`raypeft.training.loop.train`,
-continuing from the trial's latest checkpoint when Ray restarted it.
+continuing from the trial's latest checkpoint when Ray restarted it, on the GPU Ray assigned
+to the process (``resources.gpus_per_worker``, a fraction where trials share one) or the CPU.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ray import tune
 
 from raypeft.config.schema import ExperimentConfig, trial_config
 from raypeft.data import TokenizedTask
+from raypeft.search.resources import ray_train_scaling, worker_request
 from raypeft.tracking.system_metrics import sampler_for
 from raypeft.training.loop import train
 
@@ -24,8 +26,9 @@ from raypeft.training.loop import train
 DRIVER_RESOURCES = {"CPU": 0, "memory": 64 * 1024**2}
 
 
-def worker_identity() -> dict[str, Any]:
-    """Where the (rank-0) training process runs: tagged on the trial's MLflow run.
+def worker_identity(device: torch.device) -> dict[str, Any]:
+    """Where the (rank-0) training process runs: tagged on the trial's MLflow run; and the
+    GPUs Ray assigned it (``"0"``; several trials may share one) and the device it trains on.
 
     Tune's own ``node_ip``/``pid`` keys name the trial's Tune actor, which for Ray Train
     trials is not the process that trains; on one machine several nodes share an IP.
@@ -34,7 +37,27 @@ def worker_identity() -> dict[str, Any]:
         "worker_node_id": ray.get_runtime_context().get_node_id(),
         "worker_node_ip": ray.util.get_node_ip_address(),
         "worker_pid": os.getpid(),
+        "worker_gpu_ids": ",".join(str(i) for i in ray.get_gpu_ids()),
+        "worker_device": str(device),
     }
+
+
+def assigned_device() -> torch.device:
+    """The (first) GPU Ray assigned to this process, else the CPU.
+
+    Ray sets ``CUDA_VISIBLE_DEVICES`` to the assigned GPUs, so the id's position there is its
+    CUDA index. Where torch sees no CUDA although Ray assigned a GPU (GPUs declared to Ray
+    for scheduling only, e.g. ``ray start --num-gpus=1`` on a CPU machine), the trial trains
+    on the CPU: it still holds its share of the GPU, so Ray's placement is unchanged.
+    """
+    ids = [str(i) for i in ray.get_gpu_ids()]
+    if not ids or not torch.cuda.is_available():
+        return torch.device("cpu")
+    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
+    if ids[0] in visible:
+        return torch.device(f"cuda:{visible.index(ids[0])}")
+    # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: the id is the physical index
+    return torch.device(f"cuda:{int(ids[0])}" if ids[0].isdigit() else "cuda")
 
 
 def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
@@ -42,13 +65,13 @@ def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) 
     torch.set_num_threads(threads)
     cfg = trial_config(ExperimentConfig.model_validate(base), config)
     task: TokenizedTask = ray.get(data_ref[0])
-    sampled = sampler_for(cfg.tracking)  # MLflow system metrics, sampled here (issue 16)
+    device = assigned_device()
+    sampled = sampler_for(cfg.tracking)  # MLflow system metrics, sampled here
 
     def report(metrics: dict, folder: Path | None) -> None:
         checkpoint = tune.Checkpoint.from_directory(folder) if folder else None
-        tune.report({**metrics, **worker_identity(), **sampled()}, checkpoint=checkpoint)
+        tune.report({**metrics, **worker_identity(device), **sampled()}, checkpoint=checkpoint)
 
-    use_cuda = cfg.resources.use_gpu and torch.cuda.is_available()  # Tune set the visible GPU
     # a trial Tune restarts (its actor died, or `raypeft tune --resume`) continues from its
     # latest checkpoint, which holds the full training state
     with sampled, _checkpoint_folder(tune.get_checkpoint()) as resume_from:
@@ -56,7 +79,7 @@ def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) 
             cfg,
             task,
             report,
-            device=torch.device("cuda" if use_cuda else "cpu"),
+            device=device,
             resume_from=resume_from,
         )
 
@@ -79,7 +102,6 @@ def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: i
     from ray.tune.integration.ray_train import TuneReportCallback
 
     cfg = ExperimentConfig.model_validate(base)
-    res = cfg.resources
     context = tune.get_context()
     trainer = TorchTrainer(
         _train_worker,
@@ -89,11 +111,7 @@ def trial_with_ray_train(config: dict, *, base: dict, data_ref: list, threads: i
             "data_ref": data_ref,
             "threads": threads,
         },
-        scaling_config=ScalingConfig(
-            num_workers=res.workers_per_trial,
-            use_gpu=res.use_gpu,
-            resources_per_worker={"CPU": res.cpus_per_worker},
-        ),
+        scaling_config=ScalingConfig(**ray_train_scaling(cfg)),
         run_config=RunConfig(
             name=f"{context.get_experiment_name()}-{context.get_trial_id()}",
             storage_path=storage_path(cfg),
@@ -117,18 +135,22 @@ def _train_worker(loop_config: dict) -> None:
     task: TokenizedTask = ray.get(loop_config["data_ref"][0])
     context = ray.train.get_context()
     world = context.get_world_size()
-    sampled = sampler_for(cfg.tracking)  # MLflow system metrics, sampled here (issue 16)
+    # Ray Train names cuda:N for an assigned GPU even where torch has no CUDA (GPUs declared
+    # for scheduling only): train on the CPU there, as in-process trials do
+    device = ray.train.torch.get_device() if torch.cuda.is_available() else torch.device("cpu")
+    sampled = sampler_for(cfg.tracking)  # MLflow system metrics, sampled here
 
     def report(metrics: dict, folder: Path | None) -> None:
         checkpoint = ray.train.Checkpoint.from_directory(folder) if folder else None
-        ray.train.report({**metrics, **worker_identity(), **sampled()}, checkpoint=checkpoint)
+        metrics = {**metrics, **worker_identity(device), **sampled()}
+        ray.train.report(metrics, checkpoint=checkpoint)
 
     with sampled, _checkpoint_folder(ray.train.get_checkpoint()) as resume_from:
         train(
             cfg,
             task,
             report,
-            device=ray.train.torch.get_device(),
+            device=device,
             wrap_model=ray.train.torch.prepare_model if world > 1 else None,
             rank=context.get_world_rank(),
             world_size=world,
@@ -137,10 +159,11 @@ def _train_worker(loop_config: dict) -> None:
 
 
 def use_ray_train(cfg: ExperimentConfig) -> bool:
-    """``auto``: in-process for one worker (measured faster, see README), else Ray Train."""
+    """``auto``: in-process for one worker (measured faster, see README), else Ray Train;
+    a GPU does not change this (an in-process trial trains on the GPU Ray assigned it)."""
     runner = cfg.resources.trial_runner
     if runner == "auto":
-        return cfg.resources.workers_per_trial > 1 or cfg.resources.use_gpu
+        return cfg.resources.workers_per_trial > 1
     return runner == "ray_train"
 
 
@@ -156,6 +179,8 @@ def storage_path(cfg: ExperimentConfig) -> str:
 
 
 def trainable_for(cfg: ExperimentConfig, data_ref: ray.ObjectRef):
+    """The Tune trainable of one trial, with what it asks Ray for: a single worker's CPUs and
+    (fractional) GPUs in process, or a driver's sliver beside its Ray Train workers."""
     res = cfg.resources
     threads = cfg.train.num_threads or max(1, int(res.cpus_per_worker))
     with_ray_train = use_ray_train(cfg)
@@ -165,4 +190,4 @@ def trainable_for(cfg: ExperimentConfig, data_ref: ray.ObjectRef):
     )
     if with_ray_train:
         return tune.with_resources(wrapped, DRIVER_RESOURCES)
-    return tune.with_resources(wrapped, {"CPU": res.cpus_per_worker, "GPU": int(res.use_gpu)})
+    return tune.with_resources(wrapped, worker_request(cfg))

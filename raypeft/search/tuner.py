@@ -28,12 +28,15 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 from raypeft.config.schema import ExperimentConfig
 from raypeft.methods import BackboneDims
 from raypeft.search.interrupts import TuneSignals, raise_if_interrupted
+from raypeft.search.resources import trials_at_once
 from raypeft.search.searcher import (
     Constraints,
     PruningAwareSearch,
     ResolvedObjective,
     StudyPlan,
     build_sampler,
+    discrete_space,
+    scheduler_target,
 )
 from raypeft.search.space import DefineByRun
 from raypeft.search.trial_runners import storage_path, trainable_for, use_ray_train
@@ -52,15 +55,11 @@ class TrialNamer:
 
 
 def max_concurrent(cfg: ExperimentConfig) -> int:
-    """``search.max_concurrent``, else as many trials as the cluster's CPUs (GPUs) hold."""
+    """``search.max_concurrent``, else as many trials as the cluster's CPUs and (fractional)
+    GPUs hold."""
     if cfg.search.max_concurrent:
         return cfg.search.max_concurrent
-    res = cfg.resources
-    cluster = ray.cluster_resources()
-    fits = cluster.get("CPU", 1) // (res.workers_per_trial * res.cpus_per_worker)
-    if res.use_gpu:
-        fits = min(fits, cluster.get("GPU", 0) // res.workers_per_trial)
-    return max(1, int(fits))
+    return max(1, trials_at_once(cfg, [ray.cluster_resources()]))
 
 
 def optuna_searcher(
@@ -72,7 +71,8 @@ def optuna_searcher(
     parent_run_id: str,
 ) -> ConcurrencyLimiter:
     """Optuna's define-by-run searcher on the persisted study, at most
-    :func:`max_concurrent` trials at a time."""
+    :func:`max_concurrent` trials at a time. In a discrete space it answers a configuration
+    the study already holds from it instead of training it again."""
     multi = len(objectives) > 1
     search = PruningAwareSearch(
         space=DefineByRun(cfg, dims),
@@ -86,15 +86,18 @@ def optuna_searcher(
         objectives=objectives,
         constraints=constraints,
         parent_run_id=parent_run_id,
+        answer_repeats=discrete_space(cfg),
     )
     return ConcurrencyLimiter(search, max_concurrent=max_concurrent(cfg))
 
 
 def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
-    """The trial scheduler ``search.scheduler`` names (none, median, asha, hyperband)."""
+    """The trial scheduler ``search.scheduler`` names (none, median, asha, hyperband), on
+    ``search.scheduler.metric`` where set (else ``metric``, the searcher's)."""
     sched = cfg.search.scheduler
     if sched.type == "none":
         return FIFOScheduler()
+    metric, mode = scheduler_target(cfg, metric, mode)
     # one Tune iteration = one evaluation (every train.eval_every steps)
     max_t = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
     grace = min(sched.grace_period, max_t)

@@ -392,7 +392,8 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
     out = Path(out).expanduser().absolute()
     check_out_dir(out, force)
     peft_type_for(read_config(model_folder))  # before loading any model
-    predictor = Predictor.from_folder(model_folder, device="cpu")
+    # peft runs the exported (float32) tensors in fp32: verify against raypeft in fp32 too
+    predictor = Predictor.from_folder(model_folder, device="cpu", precision="fp32")
     cfg, meta, model = predictor.cfg, predictor.meta, predictor.model
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))

@@ -28,6 +28,7 @@ from raypeft.data.tokenize import TokenizedTask, tokenize_texts
 from raypeft.errors import ConfigError
 from raypeft.modeling.backbones import frozen_backbone
 from raypeft.modeling.build import build_model
+from raypeft.modeling.precision import resolve_precision
 from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
 from raypeft.training.model_folder import read_config, read_task_metadata
 
@@ -71,18 +72,22 @@ def task_from_metadata(meta: dict[str, Any]) -> TokenizedTask:
 
 
 def load_trained(
-    folder: Path, device: torch.device | str | None = None
+    folder: Path, device: torch.device | str | None = None, precision: str | None = None
 ) -> tuple[ExperimentConfig, dict[str, Any], PromptedModel]:
-    """Config, task metadata and the trained model (eval mode) of a model folder."""
+    """Config, task metadata and the trained model (eval mode) of a model folder, computing in
+    ``precision`` (default: its ``train.precision``, where ``device`` can run it)."""
     folder = Path(folder)
     cfg = read_config(folder)
     meta = read_task_metadata(folder)
     if not (folder / TRAINABLE_FILE).is_file():
         raise ConfigError(f"{folder / TRAINABLE_FILE}: missing (not a raypeft model folder)")
-    model = build_model(cfg, task_from_metadata(meta))
+    device = torch.device(device or "cpu")
+    # the precision it trained and was evaluated in, where ``device`` can run it
+    precision = resolve_precision(precision or cfg.train.precision, device, strict=False)
+    model = build_model(cfg, task_from_metadata(meta), device=device, precision=precision)
     model.load_trainable(folder)
     model.eval()
-    return cfg, meta, model.to(torch.device(device or "cpu"))
+    return cfg, meta, model.to(device)
 
 
 def tokenize_inputs(
@@ -122,9 +127,11 @@ class Predictor:
         self.load_s = 0.0  # seconds spent loading (set by from_folder)
 
     @classmethod
-    def from_folder(cls, folder: Path, device: torch.device | str | None = None) -> Predictor:
+    def from_folder(
+        cls, folder: Path, device: torch.device | str | None = None, precision: str | None = None
+    ) -> Predictor:
         start = time.perf_counter()
-        cfg, meta, model = load_trained(folder, device)
+        cfg, meta, model = load_trained(folder, device, precision)
         predictor = cls(cfg, meta, model, device)
         predictor.load_s = time.perf_counter() - start
         return predictor

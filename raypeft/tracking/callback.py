@@ -49,7 +49,13 @@ from raypeft.tracking.tags import (
     TRIAL_ID_TAG,
     result_tag,
 )
-from raypeft.training.result_keys import FAILURE_KEY, RESUMED_KEY, WORKER_KEYS
+from raypeft.training.result_keys import (
+    FAILURE_KEY,
+    PRECISION_KEY,
+    PRECISION_PARAM,
+    RESUMED_KEY,
+    WORKER_KEYS,
+)
 from raypeft.training.resume import RESUME_DIR
 
 _BATCH = 100  # MLflow accepts at most 100 params per log_batch call
@@ -165,6 +171,7 @@ class MLflowTrialCallback(Callback):
         self.tune_checkpoints: dict[str, Any] = {}  # trial id -> its latest Tune checkpoint
         self._worker_tags: dict[str, dict[str, str]] = {}  # trial id -> node/pid last tagged
         self._logged_steps: dict[str, int] = {}  # trial id -> last step logged (resumed runs)
+        self._precision_logged: set[str] = set()  # trial ids whose resolved precision is logged
         self._repeats: set[str] = set()  # trial ids of the repeats' runs (search.repeat_best)
 
     def best_checkpoint_dir(self, trial_id: str) -> Path | None:
@@ -203,6 +210,8 @@ class MLflowTrialCallback(Callback):
             self.run_ids[trial_id] = run.info.run_id
             if run.data.tags.get(ROLE_TAG) == ROLE_REPEAT:
                 self._repeats.add(trial_id)
+            if PRECISION_PARAM in run.data.params:  # params cannot change once logged
+                self._precision_logged.add(trial_id)
             history = self.client.get_metric_history(run.info.run_id, "train_loss")
             self._logged_steps[trial_id] = max((m.step for m in history), default=-1)
 
@@ -307,6 +316,7 @@ class MLflowTrialCallback(Callback):
         if run_id is None:
             return
         self._tag_worker(trial.trial_id, run_id, result)
+        self._log_precision(trial.trial_id, run_id, result)
         if FAILURE_KEY in result:  # the loss diverged: the reason, for the MLflow UI
             self.client.set_tag(run_id, ERROR_TAG, str(result[FAILURE_KEY])[:5000])
             return
@@ -324,6 +334,12 @@ class MLflowTrialCallback(Callback):
         if where and self._worker_tags.get(trial_id) != where:
             self._worker_tags[trial_id] = where
             self.client.log_batch(run_id, tags=[RunTag(result_tag(k), v) for k, v in where.items()])
+
+    def _log_precision(self, trial_id: str, run_id: str, result: dict) -> None:
+        """The precision the trial resolved ``train.precision`` to, as a param, once."""
+        if PRECISION_KEY in result and trial_id not in self._precision_logged:
+            self._precision_logged.add(trial_id)
+            log_params(self.client, run_id, {PRECISION_PARAM: result[PRECISION_KEY]})
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         run_id = self.run_ids.get(trial.trial_id)

@@ -18,6 +18,7 @@ from raypeft.config.redact import redact_config
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask
 from raypeft.modeling.build import build_model
+from raypeft.modeling.precision import resolve_precision
 from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
 from raypeft.training.resume import (
     LoopState,
@@ -65,9 +66,12 @@ def save_checkpoint(
 
 
 def load_checkpoint(folder: Path, task: TokenizedTask) -> tuple[ExperimentConfig, PromptedModel]:
-    """Rebuild a trained model from a checkpoint folder."""
+    """Rebuild a trained model from a checkpoint folder, on the CPU, in the precision it
+    trained in (fp16 falls back to what ``auto`` picks on the CPU)."""
     cfg = ExperimentConfig.model_validate(yaml.safe_load((Path(folder) / CONFIG_FILE).read_text()))
-    model = build_model(cfg, task)
+    # the precision it trained in, where this machine's CPU can run it (fp16 cannot)
+    precision = resolve_precision(cfg.train.precision, "cpu", strict=False)
+    model = build_model(cfg, task, precision=precision)
     model.load_trainable(folder)
     return cfg, model
 

@@ -20,13 +20,19 @@ from torch.utils.data import DataLoader
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask
 from raypeft.modeling.build import build_model
+from raypeft.modeling.precision import resolve_precision
 from raypeft.training.checkpoints import restore_trial, write_trial_checkpoint
 from raypeft.training.datasets import ensure_features, split_dataset, to_device
 from raypeft.training.distributed import finite_everywhere, mean_over_workers
 from raypeft.training.efficiency import TrialMeter
 from raypeft.training.evaluation import TargetMetric, best_record, evaluate, evaluation_metrics
-from raypeft.training.optimizer import build_optimizer, build_scheduler, optimizer_step
-from raypeft.training.result_keys import FAILURE_KEY, RESUMED_KEY
+from raypeft.training.optimizer import (
+    build_optimizer,
+    build_scheduler,
+    loss_scaler,
+    optimizer_step,
+)
+from raypeft.training.result_keys import FAILURE_KEY, PRECISION_KEY, RESUMED_KEY
 from raypeft.training.resume import LoopState
 from raypeft.training.sampler import GlobalBatchSampler, training_batches
 
@@ -49,14 +55,18 @@ def train(
     Every evaluation reports a checkpoint folder from rank 0 (:mod:`raypeft.training.checkpoints`:
     the best model so far, and where training stands); ``resume_from`` is such a folder.
     ``wrap_model`` lets Ray Train wrap the model in DDP; ``rank`` and ``world_size`` split each
-    global batch. Returns the best validation metrics.
+    global batch. The frozen backbone computes in ``train.precision`` resolved on ``device``
+    (:mod:`raypeft.modeling.precision`; the model applies it in evaluation too), reported with
+    every evaluation; what trains stays float32. Returns the best validation metrics.
     """
     device = device or torch.device("cpu")
     meter = TrialMeter(device)
     torch.manual_seed(cfg.train.seed)
     ensure_features(task, cfg)
-    model = build_model(cfg, task).to(device)
+    precision = resolve_precision(cfg.train.precision, device)
+    model = build_model(cfg, task, device=device, precision=precision).to(device)
     optimizer = build_optimizer(model, cfg)
+    scaler = loss_scaler(precision, device)  # fp16 only: bf16 and fp32 need no loss scaling
     scheduler = build_scheduler(optimizer, cfg.train)
     loop = restore_trial(resume_from, model, optimizer, scheduler)  # fresh, or where it stopped
     trained = wrap_model(model) if wrap_model else model
@@ -73,7 +83,7 @@ def train(
         if not finite_everywhere(loss, world_size):
             report(_diverged(loss, loop.step), None)  # ends the trial; Ray does not retry it
             return loop.best
-        optimizer_step(loss, model, optimizer, scheduler, cfg.train.max_grad_norm)
+        optimizer_step(loss, model, optimizer, scheduler, cfg.train.max_grad_norm, scaler)
         loop.count_step(len(batch["labels"]) * world_size, time.perf_counter() - start)
         meter.sample_memory()
         losses.append(loss.item())
@@ -85,6 +95,7 @@ def train(
             metrics = evaluation_metrics(target, val, loop.best, train_loss, loop.step)
             metrics["epoch"] = (loop.step - 1) // sampler.per_epoch
             metrics.update(meter.metrics(loop, val, model))
+            metrics[PRECISION_KEY] = precision
             if loop.resumed_from is not None:
                 metrics[RESUMED_KEY] = loop.resumed_from
             losses = []

@@ -35,17 +35,36 @@ def build_scheduler(
     return get_linear_schedule_with_warmup(optimizer, math.ceil(train.warmup_ratio * steps), steps)
 
 
+def loss_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
+    """fp16's dynamic loss scaling (its small range underflows gradients); for bf16 and fp32 a
+    disabled scaler, which passes everything through unchanged."""
+    return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
 def optimizer_step(
     loss: torch.Tensor,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     max_grad_norm: float | None,
-) -> None:
-    """Backpropagate ``loss``, clip the gradients' norm (when set), step optimizer and schedule."""
+    scaler: torch.amp.GradScaler | None = None,
+) -> bool:
+    """Backpropagate ``loss``, clip the gradients' norm (when set), step optimizer and schedule.
+
+    With an enabled ``scaler`` (fp16) the loss is scaled, the gradients unscaled before
+    clipping, and a step whose gradients overflowed is skipped (the scaler lowers its scale;
+    the schedule does not advance). Returns whether the optimizer stepped.
+    """
+    scaler = scaler or torch.amp.GradScaler(enabled=False)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    scaler.scale(loss).backward()
     if max_grad_norm:
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
-    scheduler.step()
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)  # skips optimizer.step() when the gradients hold inf or NaN
+    scaler.update()
+    stepped = scale is None or scaler.get_scale() >= scale
+    if stepped:
+        scheduler.step()
+    return stepped

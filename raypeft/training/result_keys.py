@@ -13,3 +13,8 @@ RESUMED_KEY = "resumed_from_step"
 # Where the (rank-0) training process runs (raypeft.search.trial_runners.worker_identity);
 # with RESUMED_KEY these are tagged raypeft.<key> on the trial's MLflow run.
 WORKER_KEYS = ("worker_node_id", "worker_node_ip", "worker_pid")
+
+# What the trial's frozen backbone computes in: ``train.precision`` resolved on the trial's
+# device (auto -> bf16 or fp32); logged as the param PRECISION_PARAM of the trial's MLflow run.
+PRECISION_KEY = "precision_resolved"
+PRECISION_PARAM = "train.precision_resolved"

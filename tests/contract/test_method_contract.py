@@ -7,6 +7,11 @@ attention). A new method is covered by registering it; nothing here names a meth
 The task is a small synthetic sentiment set tokenised by the real pipeline (right padding for
 encoder and seq2seq, left padding and no segment ids for decoders, labels as text for T5), and
 per-example features (IDPG's sentence encodings) come from the real driver-side computation.
+
+Training, gradients and the save/load round trip are checked in fp32 and in bf16 (autocast
+over fp32 frozen weights, as on a CPU), and bf16 also with the frozen weights cast to bf16 (as
+on a GPU: :func:`raypeft.modeling.precision.backbone_dtype`), so that layout is tested on a
+machine without one.
 """
 
 from __future__ import annotations
@@ -17,13 +22,16 @@ import random
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from raypeft.config.schema import ExperimentConfig, ModelConfig, TaskConfig, TrainConfig
 from raypeft.methods import METHODS
 from raypeft.modeling.build import build_model
+from raypeft.modeling.precision import cast_frozen
+from raypeft.modeling.prompted import TRAINABLE_FILE
 from raypeft.training.datasets import ensure_features, split_dataset
-from raypeft.training.optimizer import build_optimizer
+from raypeft.training.optimizer import build_optimizer, build_scheduler, optimizer_step
 
 BACKBONES = ["tiny-bert", "tiny-t5", "tiny-gpt2", "tiny-llama"]
 MAX_LENGTH = 16
@@ -33,6 +41,9 @@ CASES = [
     for variant in cls.config_cls.examples()
     for backbone in BACKBONES
 ]
+# "bf16-weights": bf16 with the frozen weights themselves in bf16, the layout GPUs use
+PRECISIONS = ["fp32", "bf16"]
+LOW_PRECISIONS = ["bf16", "bf16-weights"]
 
 WORDS = {0: ["bad", "awful", "sad", "poor", "boring"], 1: ["good", "great", "happy", "fine", "fun"]}
 
@@ -57,7 +68,7 @@ def task_files(tmp_path_factory):
 _TASKS: dict = {}
 
 
-def make_case(name: str, variant: str, backbone: str, task_files):
+def make_case(name: str, variant: str, backbone: str, task_files, precision: str = "fp32"):
     """(cfg, task, model, batch) for one case; skips where the method does not apply."""
     from raypeft.data import prepare_task
     from raypeft.modeling.backbones import backbone_dims, load_config
@@ -80,9 +91,17 @@ def make_case(name: str, variant: str, backbone: str, task_files):
     task = _TASKS[backbone]
     ensure_features(task, cfg)
     torch.manual_seed(0)
-    model = build_model(cfg, task)
+    model = build_precision_model(cfg, task, precision)
     loader = DataLoader(split_dataset(task, cfg, "train"), batch_size=8)
     return cfg, task, model, next(iter(loader))
+
+
+def build_precision_model(cfg, task, precision: str):
+    """The case's model in ``precision`` (a resolved one, or "bf16-weights")."""
+    model = build_model(cfg, task, precision=precision.removesuffix("-weights"))
+    if precision.endswith("-weights"):
+        cast_frozen(model.backbone, torch.bfloat16)
+    return model
 
 
 def method_tensors(model) -> dict[str, torch.Tensor]:
@@ -118,9 +137,10 @@ def test_shapes_and_predictions(name, variant, backbone, task_files):
         assert preds.shape == (8, 2) and np.isfinite(preds).all()
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
-def test_only_the_method_and_head_train(name, variant, backbone, task_files):
-    cfg, task, model, batch = make_case(name, variant, backbone, task_files)
+def test_only_the_method_and_head_train(name, variant, backbone, precision, task_files):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files, precision)
     head = {id(p) for p in model.param_groups()["head"]}
     frozen = {
         n: p.detach().clone() for n, p in model.backbone.named_parameters() if id(p) not in head
@@ -140,9 +160,10 @@ def test_only_the_method_and_head_train(name, variant, backbone, task_files):
     assert all(torch.equal(frozen[n], dict(model.backbone.named_parameters())[n]) for n in moved)
 
 
+@pytest.mark.parametrize("precision", [*PRECISIONS, "bf16-weights"])
 @pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
-def test_loss_falls_on_a_fixed_batch(name, variant, backbone, task_files):
-    cfg, task, model, batch = make_case(name, variant, backbone, task_files)
+def test_loss_falls_on_a_fixed_batch(name, variant, backbone, precision, task_files):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files, precision)
     model.eval()
     with torch.no_grad():
         first = model(**batch).loss.item()
@@ -153,20 +174,23 @@ def test_loss_falls_on_a_fixed_batch(name, variant, backbone, task_files):
     assert last < first, f"loss went {first:.4f} -> {last:.4f}"
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
-def test_save_load_round_trip(name, variant, backbone, task_files, tmp_path):
-    cfg, task, model, batch = make_case(name, variant, backbone, task_files)
+def test_save_load_round_trip(name, variant, backbone, precision, task_files, tmp_path):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files, precision)
     train_steps(model, cfg, batch, steps=2)  # move every tensor away from its initial value
     model.eval()
     with torch.no_grad():
         expected = model(**batch).logits
     model.save_trainable(tmp_path)
     torch.manual_seed(123)  # a fresh model with a different head initialisation
-    fresh = build_model(cfg, task)
+    fresh = build_precision_model(cfg, task, precision)
     fresh.eval()
     fresh.load_trainable(tmp_path)
     with torch.no_grad():
         assert torch.allclose(fresh(**batch).logits, expected, atol=1e-6)
+    saved = load_file(str(tmp_path / TRAINABLE_FILE))
+    assert {v.dtype for v in saved.values() if v.is_floating_point()} <= {torch.float32}
 
 
 @pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
@@ -175,3 +199,25 @@ def test_count_equals_closed_form(name, variant, backbone, task_files):
     assert model.method.num_trainable() == cfg.method.num_params(model.dims)
     if cfg.method.budget_params is not None:
         assert cfg.method.num_params(model.dims) <= cfg.method.budget_params
+
+
+@pytest.mark.parametrize("precision", LOW_PRECISIONS)
+@pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
+def test_low_precision_keeps_what_trains_in_fp32(name, variant, backbone, precision, task_files):
+    cfg, task, model, batch = make_case(name, variant, backbone, task_files, precision)
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg.train)
+    model.train()
+    for _ in range(2):
+        loss = model(**batch).loss
+        assert loss.dtype == torch.float32 and torch.isfinite(loss)
+        optimizer_step(loss, model, optimizer, scheduler, cfg.train.max_grad_norm)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    assert {p.dtype for p in trainable} == {torch.float32}
+    assert {p.grad.dtype for p in trainable if p.grad is not None} <= {torch.float32}
+    states = [t for state in optimizer.state.values() for t in state.values() if t.ndim > 0]
+    assert states and {t.dtype for t in states} == {torch.float32}  # AdamW's moments
+    frozen = {p.dtype for p in model.backbone.parameters() if not p.requires_grad}
+    assert frozen == {torch.bfloat16 if precision == "bf16-weights" else torch.float32}
+    no_grad = [n for n, p in model.method.named_parameters() if p.requires_grad and p.grad is None]
+    assert not no_grad, f"method tensors without a gradient: {no_grad}"

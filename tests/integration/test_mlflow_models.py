@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from mlflow.tracking import MlflowClient
 from helpers import cli_env, run_cli
+from mlflow.tracking import MlflowClient
 
 from raypeft.tracking.runs import parent_runs, trial_runs
 

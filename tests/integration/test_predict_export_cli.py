@@ -197,8 +197,9 @@ def test_export_pt_search_loads_in_peft(tmp_path):
         4,
         32,
     )
-    # peft loads it onto the base model raypeft builds, and classifies as raypeft does
-    predictor = Predictor.from_folder(folder)
+    # peft loads it onto the base model raypeft builds, and classifies as raypeft does (both
+    # in fp32: peft runs the exported tensors in fp32, whatever train.precision resolved to)
+    predictor = Predictor.from_folder(folder, precision="fp32")
     cfg, meta = predictor.cfg, predictor.meta
     base = load_backbone(cfg.model, meta["num_labels"], meta["problem"], seed=cfg.train.seed)
     peft_model = PeftModel.from_pretrained(base.model, str(out)).eval()
@@ -211,8 +212,9 @@ def test_export_pt_search_loads_in_peft(tmp_path):
     parent_id = parent_run(client, "tiny-pt").info.run_id
     proc = run_with_stdin(["predict", "--run", parent_id], cwd=tmp_path, stdin="\n".join(texts))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    default = Predictor.from_folder(folder)  # in the precision predict computes in
     assert [line.split("\t")[0] for line in proc.stdout.splitlines()] == [
-        p.label for p in predictor.predict(texts)
+        p.label for p in default.predict(texts)
     ]
     # not over the exported folder again without --force
     proc = run_cli(["export", "--run", best, "--format", "peft", "--out", str(out)], cwd=tmp_path)

@@ -286,8 +286,9 @@ def test_export_pt_round_trip_through_peft(trained, tmp_path):
     assert torch.equal(tensors["prompt_embeddings"], trainable["method.prompt"])
     assert torch.equal(tensors["base_model.classifier.weight"], trainable["head.classifier.weight"])
     assert any("max |peft - raypeft|" in line for line in result.checks)
-    # independently of the export's own check: peft's logits equal raypeft's
-    predictor = Predictor.from_folder(folder)
+    # independently of the export's own check: peft's logits equal raypeft's (both in fp32:
+    # peft runs the exported tensors in fp32, whatever train.precision resolved to here)
+    predictor = Predictor.from_folder(folder, precision="fp32")
     texts = ["a fine day", "worst thing ever, really", "ok"]
     batch = predictor.inputs(texts)
     theirs = peft_logits(out, cfg, predictor.meta, batch)

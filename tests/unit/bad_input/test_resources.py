@@ -29,6 +29,27 @@ CASES: list[Case] = [
         needs_no_gpu=True,
     ),
     Case(
+        "gpu-fraction-on-a-machine-without-one",
+        exp(resources={"gpus_per_worker": 0.25}),
+        ("resources.gpus_per_worker", "0.25 needs a GPU", "this machine has none", "must hold"),
+        needs_no_gpu=True,
+    ),
+    Case(
+        "gpu-amount-ray-cannot-place",
+        exp(resources={"gpus_per_worker": 1.5}),
+        ("resources.gpus_per_worker", "`0 < gpus_per_worker <= 1`", "whole number", "1.5"),
+    ),
+    Case(
+        "use-gpu-false-beside-a-gpu-fraction",
+        exp(resources={"gpus_per_worker": 0.5, "use_gpu": False}),
+        ("resources.use_gpu", "contradicts gpus_per_worker=0.5"),
+    ),
+    Case(
+        "gpu-fraction-for-ddp-workers",
+        exp(train__batch_size=8, resources={"workers_per_trial": 2, "gpus_per_worker": 0.5}),
+        ("resources.gpus_per_worker", "`gpus_per_worker >= 1` must hold", "workers_per_trial=2"),
+    ),
+    Case(
         "worker-needs-more-cpus-than-the-machine",
         exp(resources={"cpus_per_worker": CPUS + 1}),
         ("resources.cpus_per_worker", f"`cpus_per_worker <= {CPUS}` must hold"),
@@ -100,6 +121,29 @@ def _cfg(**resources):
             [{"CPU": 8, "GPU": 0}, {"CPU": 0.5, "GPU": 2}],
             "no node of the cluster has both",
         ),
+        # fractional and multi-GPU workers: the GPUs of each node are named
+        (
+            {"gpus_per_worker": 0.25},
+            [{"CPU": 8, "GPU": 0}, {"CPU": 4}],
+            "resources.gpus_per_worker: 0.25 needs a GPU per worker, but the "
+            "cluster has none (2 nodes with no GPU); `gpus_per_worker: 0` must hold here",
+        ),
+        (
+            {"gpus_per_worker": 2},
+            [{"CPU": 8, "GPU": 1}, {"CPU": 8, "GPU": 1}, {"CPU": 8}],
+            "`gpus_per_worker <= 1` must hold (the most GPUs of a node of the cluster: 2 nodes "
+            "with 1 GPU, 1 node with no GPU), but got 2",
+        ),
+        (
+            {"workers_per_trial": 3, "gpus_per_worker": 1},
+            [{"CPU": 8, "GPU": 1}, {"CPU": 8, "GPU": 1}],
+            "each worker takes 1 GPU, so `workers_per_trial <= 2` must hold",
+        ),
+        (
+            {"gpus_per_worker": 0.5, "cpus_per_worker": 4},
+            [{"CPU": 8, "GPU": 0}, {"CPU": 2, "GPU": 1}],
+            "needs 4 CPUs and 0.5 GPU on one node, but no node of the cluster has both",
+        ),
     ],
 )
 def test_check_fits_rejects(resources, nodes, expect):
@@ -118,6 +162,8 @@ def test_check_fits_rejects(resources, nodes, expect):
         ({"workers_per_trial": 4, "cpus_per_worker": 2}, [{"CPU": 4}, {"CPU": 4}]),
         ({"workers_per_trial": 2, "use_gpu": True}, [{"CPU": 2, "GPU": 1}, {"CPU": 2, "GPU": 1}]),
         ({"cpus_per_worker": 0.5, "workers_per_trial": 3}, [{"CPU": 1.5}]),
+        ({"gpus_per_worker": 0.25}, [{"CPU": 1, "GPU": 1}]),
+        ({"gpus_per_worker": 2, "workers_per_trial": 2}, [{"CPU": 2, "GPU": 2}] * 2),
     ],
 )
 def test_check_fits_accepts(resources, nodes):
@@ -164,3 +210,12 @@ def test_cluster_nodes_count_what_the_autoscaler_can_launch(tmp_path, monkeypatc
     check_fits(_cfg(use_gpu=True, workers_per_trial=2), nodes, where="the cluster")
     with pytest.raises(Exception, match="workers_per_trial"):
         check_fits(_cfg(use_gpu=True, workers_per_trial=3), nodes, where="the cluster")
+
+
+def test_validate_says_how_many_trials_run_at_once(tmp_path, monkeypatch, guarded):
+    """The plan line: trials at once on this machine, from each trial's request."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp(resources={"cpus_per_worker": 0.5})))
+    result = CliRunner().invoke(main, ["validate", "exp.yaml"])
+    assert result.exit_code == 0, result.output
+    assert f"; {2 * CPUS} at a time here (each 0.5 CPU))" in result.stdout
