@@ -15,7 +15,7 @@ from mlflow.entities import DatasetInput, Metric
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
-from raypeft.tracking.callback import MLflowTrialCallback
+from raypeft.tracking.callback import MLflowTrialCallback, new_step
 from raypeft.tracking.datasets import log_dataset_inputs
 from raypeft.tracking.models import log_pyfunc_model
 from raypeft.tracking.system_metrics import system_metrics
@@ -60,10 +60,9 @@ class TrialRecordsCallback(Callback):
         values = system_metrics(result)
         if run_id is None or not values:
             return
-        step = int(result.get("step", result.get("training_iteration", 0)))
-        if step <= self._system_steps.get(trial.trial_id, -1):
+        step = new_step(result, self._system_steps, trial.trial_id)
+        if step is None:
             return  # a resumed trial re-running a step its run already holds
-        self._system_steps[trial.trial_id] = step
         timestamp = int(result.get("timestamp", 0) * 1000)
         metrics = [Metric(k, v, timestamp, step) for k, v in values.items()]
         self.tracker.client.log_batch(run_id, metrics=metrics)

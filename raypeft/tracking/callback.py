@@ -123,6 +123,16 @@ def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def new_step(result: dict[str, Any], logged: dict[str, int], trial_id: str) -> int | None:
+    """The step of a trial's result, recorded in ``logged`` (trial id -> last step); None when
+    the run already holds it (a resumed trial re-runs the steps after its checkpoint)."""
+    step = int(result.get("step", result.get("training_iteration", 0)))
+    if step <= logged.get(trial_id, -1):
+        return None
+    logged[trial_id] = step
+    return step
+
+
 def log_model(client: MlflowClient, run_id: str, folder: Path, artifact_path: str) -> None:
     """Log a checkpoint's model files (best tensors, config, task), not its resume state."""
     for path in sorted(Path(folder).iterdir()):
@@ -320,10 +330,9 @@ class MLflowTrialCallback(Callback):
         if FAILURE_KEY in result:  # the loss diverged: the reason, for the MLflow UI
             self.client.set_tag(run_id, ERROR_TAG, str(result[FAILURE_KEY])[:5000])
             return
-        step = int(result.get("step", result.get("training_iteration", 0)))
-        if step <= self._logged_steps.get(trial.trial_id, -1):
+        step = new_step(result, self._logged_steps, trial.trial_id)
+        if step is None:
             return  # a resumed trial re-running a step its run already holds
-        self._logged_steps[trial.trial_id] = step
         timestamp = int(result.get("timestamp", 0) * 1000)
         metrics = [Metric(k, v, timestamp, step) for k, v in numeric_metrics(result).items()]
         self.client.log_batch(run_id, metrics=metrics)
