@@ -432,13 +432,23 @@ class PruningAwareSearch(OptunaSearch):
     # and again would only grow the study, so after this many repeats in a row it explores.
     MAX_REPEATS = 3
 
-    def _run_configurations(self) -> list[dict[str, Any]]:
-        """Configurations the study has run or is running (answered repeats aside)."""
+    def _own_trials(self) -> list[optuna.trial.FrozenTrial]:
+        """The study's trials of this search (its ``--resume`` included), answered repeats
+        aside. A later search of the same study trains its configurations again: it is run
+        to check them again (another seed policy, changed code), and must have results."""
         return [
-            t.params
+            t
             for t in self._ot_study.get_trials(deepcopy=False)
             if ANSWERED_FROM_ATTR not in t.user_attrs
-            and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
+            and t.user_attrs.get(PARENT_RUN_ATTR) == self.parent_run_id
+        ]
+
+    def _run_configurations(self) -> list[dict[str, Any]]:
+        """Configurations this search has run or is running."""
+        return [
+            t.params
+            for t in self._own_trials()
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
         ]
 
     def _unrun_configuration(self, draws: int = 2000) -> dict[str, Any] | None:
@@ -458,22 +468,15 @@ class PruningAwareSearch(OptunaSearch):
         return None
 
     def _same_configuration(self, ot_trial: optuna.trial.Trial) -> optuna.trial.FrozenTrial | None:
-        """The trial of the study with the same configuration as ``ot_trial``, if any: a
-        finished one (of any search of the study), or one of this search still training."""
+        """The trial of this search with the same configuration as ``ot_trial``, if any: a
+        finished one, or one still training."""
         params = ot_trial.params
         same = [
             t
-            for t in self._ot_study.get_trials(deepcopy=False)
+            for t in self._own_trials()
             if t.number != ot_trial.number
-            and ANSWERED_FROM_ATTR not in t.user_attrs
             and t.params == params
-            and (
-                t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-                or (
-                    t.state == TrialState.RUNNING
-                    and t.user_attrs.get(PARENT_RUN_ATTR) == self.parent_run_id
-                )
-            )
+            and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING)
         ]
         return min(same, key=_rank, default=None)
 

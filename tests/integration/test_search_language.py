@@ -32,6 +32,9 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
     path = tiny_experiment(
         tmp_path,
         train={"max_steps": 24, "eval_every": 4},
+        # a space with an integer range: proposals are not deduplicated (only all-discrete
+        # spaces are; test_repeated_configurations.py), so the study holds 6 trained trials
+        space={"method.prompt_length": {"int": [2, 6]}},
         # validation loss varies between trials even on the tiny model, so ASHA stops some
         search={
             "num_samples": 6,
