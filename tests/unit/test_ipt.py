@@ -448,6 +448,19 @@ def test_deep_layer_prompt_matches_hidden_scale(tiny_backbone, tiny_batch):
     torch.testing.assert_close(rms, torch.full_like(rms, 7.0), rtol=0.15, atol=0)
 
 
+def test_deep_prompt_gradients_stay_finite_for_inputs_shorter_than_the_prompt(
+    tiny_backbone, tiny_batch
+):
+    # the fixture's rows hold 16, 14, 12, 16 real tokens: with 14 prompt slots row 2 has two
+    # padded (all-zero) slots, whose normalisation once sent NaN into the table's gradient
+    model = PromptedModel(tiny_backbone(), IPTConfig(prompt_length=14, placement="deep"))
+    batch = tiny_batch()
+    loss = loss_fn(model(**batch).logits, torch.ones(4, dtype=torch.long))
+    loss.backward()
+    for name, p in model.method.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
 # ------------------------------------------------------------------------ counts, budgets
 
 DIMS = BackboneDims(hidden_size=384, num_layers=6, vocab_size=30522, max_length=64)

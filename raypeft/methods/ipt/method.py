@@ -410,6 +410,8 @@ class IPT(PromptMethod):
         rest = hidden_states[:, width:].detach().float()
         mask = self._mask.to(rest.dtype)
         rms = (rest.pow(2).mean(-1) * mask).sum(1) / mask.sum(1).clamp(min=1)
-        unit = prompt / prompt.pow(2).mean(-1, keepdim=True).sqrt().clamp(min=1e-6)
+        # clamp before the root: a padded slot's row is all zeros, and sqrt's gradient at 0 is
+        # infinite (times the clamp's zero it gave the table NaN gradients)
+        unit = prompt / prompt.pow(2).mean(-1, keepdim=True).clamp(min=1e-12).sqrt()
         out = unit * self.layer_scale[layer - 1] + self.layer_shift[layer - 1]
         return out * rms.sqrt()[:, None, None].to(out.dtype)
