@@ -153,7 +153,7 @@ def build_backbone(name: str, seq_len: int, device: torch.device) -> Backbone:
     with device:  # initialise on the device: seconds, not a minute, for RoBERTa-large
         model = auto.from_config(config)
     model.requires_grad_(False)
-    model.eval()  # dropout off in the frozen backbone, as the training loop keeps it
+    model.eval()  # as load_backbone leaves it (PromptedModel.train() runs its dropout)
     head = []
     if kind != "seq2seq":  # T5's labels are text: no head trains
         for param_name, param in model.named_parameters():

@@ -81,6 +81,14 @@ class TaskConfig(_Strict):
     max_eval_examples: int | None = Field(None, ge=1, description="cap on validation examples")
     max_test_examples: int | None = Field(None, ge=1, description="cap on test examples")
     split_seed: int = Field(0, description="seed of subsampling and of derived splits")
+    seq2seq_scoring: Literal["generate", "rank"] = Field(
+        "generate",
+        description="how a seq2seq backbone (T5) answers a classification task: generate "
+        "(greedy text, mapped to the class it names; text that names none counts as wrong, "
+        "as DePT's code) or rank (each class's verbalizer scored by its log-likelihood under "
+        "the decoder, the most likely one predicted: always a class). Regression tasks "
+        "always generate; other backbones use their head",
+    )
 
 
 class TrainConfig(_Strict):
@@ -91,7 +99,15 @@ class TrainConfig(_Strict):
     eval_batch_size: int = Field(64, ge=1)
     eval_every: int = Field(100, ge=1, description="evaluate (and report to Tune) every k steps")
     head_lr: float = Field(1e-3, gt=0, description="learning rate of the task head")
-    warmup_ratio: float = Field(0.06, ge=0, lt=1)
+    warmup_ratio: float = Field(
+        0.06, ge=0, lt=1, description="linear schedule: warm-up share of max_steps"
+    )
+    schedule: Literal["linear", "constant"] = Field(
+        "linear",
+        description="learning-rate schedule: linear (warm-up over warmup_ratio, then linear "
+        "decay to zero: DePT's) or constant (every step at the set rates, no warm-up, no "
+        "decay: IDPG's Table 4; warmup_ratio is not used)",
+    )
     weight_decay: float = Field(0.01, ge=0)
     adam_eps: float = Field(1e-6, gt=0)
     adam_betas: tuple[float, float] = (0.9, 0.98)
@@ -106,6 +122,27 @@ class TrainConfig(_Strict):
         "state stay fp32. auto: bf16 where the hardware runs it fast (CUDA compute "
         "capability >= 8, a CPU with AVX512-BF16 or AMX), else fp32; fp16: CUDA only",
     )
+    backbone_dropout: float | Literal["config"] = Field(
+        "config",
+        description="the frozen backbone's dropout while the method trains: config (its own "
+        "rates, as the papers train: 0.1 for BERT, RoBERTa and T5), 0 (none: the backbone "
+        "stays in eval mode) or a rate in (0, 1) for every dropout of the backbone and its "
+        "head. Evaluation never drops out",
+    )
+
+    @field_validator("backbone_dropout", mode="before")
+    @classmethod
+    def _dropout_rate(cls, value: Any) -> Any:
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if number and not math.isfinite(value):
+            raise ValueError(f"`backbone_dropout` must be a finite number, but got {value}")
+        if value != "config" and not (number and 0 <= value < 1):
+            why = " (YAML reads off/no/false as a boolean: write 0)" if value is False else ""
+            raise ValueError(
+                "`backbone_dropout` must be config or a rate with `0 <= rate < 1` (0: no "
+                f"dropout), but got {value!r}{why}"
+            )
+        return value
 
     @model_validator(mode="after")
     def _eval_every_fits(self) -> TrainConfig:

@@ -4,6 +4,15 @@ Plain numpy, computed as scikit-learn and SciPy compute them (``accuracy_score``
 ``f1_score``, ``matthews_corrcoef``, ``pearsonr``, ``spearmanr``; the same values, Pearson's
 to the last bit of float rounding): the training core runs on machines that have neither
 (tests/unit/test_metrics.py compares the two where both are installed).
+
+A seq2seq model's generated text may name no class, or be no number. Such an output is wrong
+in every metric, as in DePT's official code (``src/metrics.py``, after T5's): a class
+prediction that names no class (:data:`NO_CLASS`) never equals a label, so it costs accuracy,
+macro F1 (a miss of the true class) and Matthews' correlation (a class of its own, never on
+the diagonal), and for F1 it becomes the opposite of its target (``f1_score_with_invalid``: a
+false positive where the target is negative, a false negative where it is positive); a
+number that is not one (NaN) scores :data:`INVALID_NUMBER` (-1, ``string_to_float``'s
+default: below STS-B's 0-5 range).
 """
 
 from __future__ import annotations
@@ -11,6 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import numpy as np
+
+NO_CLASS = -1  # a generated text that names no class
+INVALID_NUMBER = -1.0  # the score of a generated regression output that is not a number
 
 
 def _accuracy(preds: np.ndarray, labels: np.ndarray) -> float:
@@ -29,7 +41,12 @@ def _f1_per_class(preds: np.ndarray, labels: np.ndarray, classes: np.ndarray) ->
 
 
 def _f1(preds: np.ndarray, labels: np.ndarray) -> float:
-    """F1 of class 1 (the positive class of binary GLUE tasks)."""
+    """F1 of class 1 (the positive class of binary GLUE tasks). A prediction that names no
+    class is the opposite of its target (DePT's ``f1_score_with_invalid``): counted as class
+    1 where the target is not, as another class where it is, so it is always an error."""
+    invalid = preds == NO_CLASS
+    if invalid.any():
+        preds = np.where(invalid, np.where(labels == 1, 0, 1), preds)
     return float(_f1_per_class(preds, labels, np.array([1]))[0])
 
 
@@ -95,8 +112,8 @@ def _corr(fn) -> Callable[[np.ndarray, np.ndarray], float]:
 
 
 METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
+    # a generated "no class" prediction (NO_CLASS) is wrong in each (module docstring)
     "accuracy": _accuracy,
-    # a generated "no class" prediction (-1) counts as wrong, never as a class of its own
     "f1": _f1,
     "macro_f1": _macro_f1,
     "matthews_correlation": _matthews,
@@ -115,14 +132,13 @@ def compute_metrics(
 
     ``outputs`` is ``(n, labels)`` head outputs (argmax for classification, the value for a
     one-column regression head), or ``(n,)`` predictions already made: class ids from
-    generated text (-1 counts as wrong) or generated numbers (NaN: not a number, scored as
-    the mean of the parsed ones).
+    generated text (:data:`NO_CLASS` where it names none) or generated numbers (NaN where
+    the text is not a number). Either invalid output counts as wrong (module docstring).
     """
     if outputs.ndim == 2:
         preds = outputs[:, 0] if outputs.shape[1] == 1 else outputs.argmax(-1)
     else:
         preds = outputs
         if np.issubdtype(preds.dtype, np.floating) and np.isnan(preds).any():
-            fill = float(np.nanmean(preds)) if not np.isnan(preds).all() else 0.0
-            preds = np.where(np.isnan(preds), fill, preds)
+            preds = np.where(np.isnan(preds), INVALID_NUMBER, preds).astype(preds.dtype)
     return {name: METRICS[name](preds, labels) for name in names}

@@ -43,6 +43,9 @@ class BackboneDims:
     # whose tokenizer gives the ids: model.name, or the model it borrows its tokenizer from
     # (the tiny test models borrow MiniLM's); keys IPT's pretrained tables
     tokenizer_name: str | None = None
+    # how the backbone pools token states into a sentence vector when it is a sentence encoder
+    # that says so (sentence-transformers' pooling config): first, mean, last; None otherwise
+    sentence_pooling: str | None = None
 
     @property
     def head_dim(self) -> int:
@@ -241,11 +244,22 @@ class FeatureSpec(BaseModel):
 
 
 class PromptMethod(nn.Module):
-    """A prompt method's trainable tensors and how they enter the frozen backbone."""
+    """A prompt method's trainable tensors and how they enter the frozen backbone.
+
+    Built from the resolved config, the backbone's dims and word embeddings, and its
+    tokenizer (``None`` for a method built by hand): prompts that start from vocabulary rows
+    or a text read it (:mod:`raypeft.methods.prompt_init`).
+    """
 
     config_cls: ClassVar[type[MethodConfig]]
 
-    def __init__(self, config: MethodConfig, dims: BackboneDims, word_embeddings: nn.Embedding):
+    def __init__(
+        self,
+        config: MethodConfig,
+        dims: BackboneDims,
+        word_embeddings: nn.Embedding,
+        tokenizer: Any | None = None,
+    ):
         super().__init__()
         self.config = config
         self.dims = dims
@@ -302,10 +316,14 @@ def register_method(method_cls: type[PromptMethod]) -> type[PromptMethod]:
 
 
 def build_method(
-    config: MethodConfig, dims: BackboneDims, word_embeddings: nn.Embedding
+    config: MethodConfig,
+    dims: BackboneDims,
+    word_embeddings: nn.Embedding,
+    tokenizer: Any | None = None,
 ) -> PromptMethod:
-    """Instantiate the registered method for a resolved config."""
-    return METHODS[config.name](config, dims, word_embeddings)
+    """Instantiate the registered method for a resolved config (``tokenizer``: the
+    backbone's, which vocabulary and text initialisations read)."""
+    return METHODS[config.name](config, dims, word_embeddings, tokenizer)
 
 
 def prepend_prompt(
@@ -331,22 +349,3 @@ def prepend_prompt(
         pad = token_type_ids.new_zeros(batch, length)
         out["token_type_ids"] = torch.cat([pad, token_type_ids], 1)
     return out
-
-
-def init_prompt(
-    length: int, word_embeddings: nn.Embedding, how: Literal["vocab", "normal"], seed: int
-) -> torch.Tensor:
-    """Initial soft prompt: rows of the vocabulary embedding, or a matching normal draw.
-
-    ``vocab`` samples token ids from the upper 90% of the vocabulary: low ids are mostly
-    special and unused tokens whose embeddings never trained (Lester et al. sample from
-    frequent tokens; a frequency list is not available for every tokenizer).
-    """
-    weight = word_embeddings.weight.detach()
-    gen = torch.Generator().manual_seed(seed)
-    if how == "vocab":
-        low = weight.shape[0] // 10
-        ids = torch.randint(low, weight.shape[0], (length,), generator=gen)
-        return weight[ids].clone().float()
-    std = weight.float().std().item()
-    return torch.randn(length, weight.shape[1], generator=gen) * std

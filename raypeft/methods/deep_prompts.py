@@ -27,10 +27,10 @@ from raypeft.methods.base import (
     MethodConfig,
     PeftAdapter,
     PromptMethod,
-    init_prompt,
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.prompt_init import init_prompt
 
 
 def deep_prompt_params(
@@ -128,15 +128,23 @@ class DeepPrompt(PromptMethod):
     config_cls = DeepPromptConfig
     uses_layer_prompts = True
 
-    def __init__(self, config: DeepPromptConfig, dims: BackboneDims, word_embeddings: nn.Embedding):
-        super().__init__(config, dims, word_embeddings)
+    def __init__(
+        self,
+        config: DeepPromptConfig,
+        dims: BackboneDims,
+        word_embeddings: nn.Embedding,
+        tokenizer: Any | None = None,
+    ):
+        super().__init__(config, dims, word_embeddings, tokenizer)
         config = config.resolve(dims)
         self.style = config.style
         t, layers = config.prompt_length, dims.num_layers
         if config.style == "hidden":
             # one (t, d) prompt per layer; layer 0's is prepended to the input embeddings
             prompts = [
-                init_prompt(t, word_embeddings, config.init, config.init_seed + i)
+                init_prompt(
+                    t, word_embeddings, config.init, config.init_seed + i, tokenizer=tokenizer
+                )
                 for i in range(layers)
             ]
             self.prompts = nn.Parameter(torch.stack(prompts))  # (N, t, d)

@@ -3,6 +3,17 @@ word embeddings, ``W' = W + A·B`` with ``A ∈ R^{s×r}``, ``B ∈ R^{r×d}``.
 
 The offset is per input position, so inputs must be padded to exactly ``s`` tokens. Unlike the
 official code, the update is applied for every head type (classification included).
+
+How ``A`` starts and how the offset is scaled (``lowrank_init``):
+
+- ``official`` (DePT's code, ``peft/tuners/prompt_tuning_lora.py``): ``A`` drawn by
+  ``kaiming_uniform_(A, a=√5)`` on its ``(s, r)`` tensor, i.e. ``U(±1/√r)`` (fan-in ``r``),
+  ``B = 0``, and the offset ``(lora_alpha/√r)·A·B`` with ``lora_alpha = 8``. The paper's α2
+  grid was tuned with this scale.
+- ``paper``: ``A ~ N(0, 1/r)``, ``B = 0``, offset ``A·B`` unscaled (the paper's text says
+  only "A random, B zero").
+
+Either way ``B = 0``, so training starts exactly at PT.
 """
 
 from __future__ import annotations
@@ -20,12 +31,16 @@ from raypeft.methods.base import (
     FigureHints,
     MethodConfig,
     PromptMethod,
-    init_prompt,
     no_peft_equivalent,
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.prompt_init import InitText, PromptInit, init_prompt
 from raypeft.methods.sizing import soft_prompt_params
+
+# DePT's code scales the offset by lora_alpha/√r with its config's default lora_alpha, 8
+# (train.py never sets it)
+OFFICIAL_LORA_ALPHA = 8
 
 
 def dept_params(prompt_length: int, rank: int, max_length: int, hidden_size: int) -> int:
@@ -80,7 +95,20 @@ class DePTConfig(MethodConfig):
     )
     lr_prompt: float = Field(0.3, gt=0, description="α1: learning rate of the soft prompt")
     lr_lowrank: float = Field(1e-4, gt=0, description="α2: learning rate of A and B")
-    init: Literal["vocab", "normal"] = "vocab"
+    lowrank_init: Literal["official", "paper"] = Field(
+        "official",
+        description="official (DePT's code): A ~ U(±1/√r), offset scaled by 8/√r; "
+        "paper: A ~ N(0, 1/r), offset unscaled. B = 0 either way",
+    )
+    init: PromptInit = Field(
+        "vocab",
+        description="the soft prompt's start: vocab (rows of the backbone's most frequent "
+        "real tokens), text (init_text's token rows, repeated to length), normal (random) or "
+        "vocab_uniform (any row of the upper 90% of the table: the earlier rule, for ablations)",
+    )
+    init_text: InitText = Field(
+        None, validate_default=True, description="init: text: the text the prompt starts from"
+    )
     init_seed: int = 0
 
     @model_validator(mode="after")
@@ -200,17 +228,32 @@ class DePTConfig(MethodConfig):
 class DePT(PromptMethod):
     config_cls = DePTConfig
 
-    def __init__(self, config: DePTConfig, dims: BackboneDims, word_embeddings: nn.Embedding):
-        super().__init__(config, dims, word_embeddings)
+    def __init__(
+        self,
+        config: DePTConfig,
+        dims: BackboneDims,
+        word_embeddings: nn.Embedding,
+        tokenizer: Any | None = None,
+    ):
+        super().__init__(config, dims, word_embeddings, tokenizer)
         config = config.resolve(dims)
         r, s, d = config.rank, dims.max_length, dims.hidden_size
         self.prompt = nn.Parameter(
-            init_prompt(config.prompt_length, word_embeddings, config.init, config.init_seed)
+            init_prompt(
+                config.prompt_length,
+                word_embeddings,
+                config.init,
+                config.init_seed,
+                tokenizer=tokenizer,
+                text=config.init_text,
+            )
         )
-        gen = torch.Generator().manual_seed(config.init_seed + 1)
-        # Gaussian A, zero B (as LoRA and the paper): training starts exactly at PT.
-        self.lora_a = nn.Parameter(torch.randn(s, r, generator=gen) / math.sqrt(r))
-        self.lora_b = nn.Parameter(torch.zeros(r, d))
+        self.lora_a = nn.Parameter(lowrank_a(s, r, config.lowrank_init, config.init_seed + 1))
+        self.lora_b = nn.Parameter(torch.zeros(r, d))  # zero B: training starts exactly at PT
+        # what A·B is multiplied by (a plain float: checkpoints hold A and B only)
+        self.scaling = (
+            OFFICIAL_LORA_ALPHA / math.sqrt(r) if config.lowrank_init == "official" else 1.0
+        )
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         return {"prompt": [self.prompt], "lowrank": [self.lora_a, self.lora_b]}
@@ -222,6 +265,22 @@ class DePT(PromptMethod):
                 f"got {input_ids.shape[1]}"
             )
         inputs_embeds = embed(input_ids)
-        offset = (self.lora_a @ self.lora_b).to(inputs_embeds.dtype)  # (s, d), per position
+        offset = self.offset().to(inputs_embeds.dtype)
         prompt = self.prompt.to(inputs_embeds.dtype)
         return prepend_prompt(prompt, inputs_embeds + offset, attention_mask, token_type_ids)
+
+    def offset(self) -> torch.Tensor:
+        """The ``(s, d)`` update of the input word embeddings, one row per position."""
+        return self.scaling * (self.lora_a @ self.lora_b)
+
+
+def lowrank_a(max_length: int, rank: int, how: str, seed: int) -> torch.Tensor:
+    """``A ∈ R^{s×r}`` at its start: ``official`` as DePT's code draws it
+    (``kaiming_uniform_(A, a=√5)``: ``U(±1/√r)``, the fan-in of an ``(s, r)`` tensor being
+    ``r``), ``paper`` Gaussian ``N(0, 1/r)``."""
+    gen = torch.Generator().manual_seed(seed)
+    if how == "official":
+        return nn.init.kaiming_uniform_(
+            torch.empty(max_length, rank), a=math.sqrt(5), generator=gen
+        )
+    return torch.randn(max_length, rank, generator=gen) / math.sqrt(rank)

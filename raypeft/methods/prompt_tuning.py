@@ -13,10 +13,10 @@ from raypeft.methods.base import (
     MethodConfig,
     PeftAdapter,
     PromptMethod,
-    init_prompt,
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.prompt_init import InitText, PromptInit, init_prompt
 from raypeft.methods.sizing import soft_prompt_params
 
 
@@ -30,8 +30,14 @@ class PromptTuningConfig(MethodConfig):
     peft_export_note: ClassVar[str | None] = "(PROMPT_TUNING)"
     prompt_length: int = Field(100, ge=1, description="l: number of soft-prompt tokens")
     lr: float = Field(0.3, gt=0, description="learning rate of the soft prompt")
-    init: Literal["vocab", "normal"] = Field(
-        "vocab", description="vocab: rows of the vocabulary embedding; normal: random"
+    init: PromptInit = Field(
+        "vocab",
+        description="vocab: rows of the backbone's 5,000 most frequent real tokens (Lester et "
+        "al.); text: the rows of init_text's tokens, repeated to length; normal: random; "
+        "vocab_uniform: any row of the upper 90% of the table (the earlier rule, for ablations)",
+    )
+    init_text: InitText = Field(
+        None, validate_default=True, description="init: text: the text the prompt starts from"
     )
     init_seed: int = Field(0, description="seed of the prompt initialisation")
 
@@ -81,12 +87,23 @@ class PromptTuning(PromptMethod):
     config_cls = PromptTuningConfig
 
     def __init__(
-        self, config: PromptTuningConfig, dims: BackboneDims, word_embeddings: nn.Embedding
+        self,
+        config: PromptTuningConfig,
+        dims: BackboneDims,
+        word_embeddings: nn.Embedding,
+        tokenizer: Any | None = None,
     ):
-        super().__init__(config, dims, word_embeddings)
+        super().__init__(config, dims, word_embeddings, tokenizer)
         config = config.resolve(dims)
         self.prompt = nn.Parameter(
-            init_prompt(config.prompt_length, word_embeddings, config.init, config.init_seed)
+            init_prompt(
+                config.prompt_length,
+                word_embeddings,
+                config.init,
+                config.init_seed,
+                tokenizer=tokenizer,
+                text=config.init_text,
+            )
         )
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:

@@ -16,11 +16,14 @@ Three kinds of backbone, told apart by their config:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
 
 import torch
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
 from torch import nn
 from transformers import (
     AutoConfig,
@@ -209,7 +212,52 @@ def backbone_dims(
         kv_heads=getattr(config, "num_key_value_heads", None),
         model_name=name,
         tokenizer_name=None if name is None else tokenizer_name(name),
+        sentence_pooling=None if name is None else sentence_pooling(name),
     )
+
+
+# sentence-transformers' Pooling config: the modes raypeft's pooling can reproduce
+_POOLING_FLAGS = {
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_cls_token": "first",
+    "pooling_mode_lasttoken": "last",
+}
+_POOLING_NAMES = {"mean": "mean", "cls": "first", "lasttoken": "last"}
+
+
+@lru_cache(maxsize=16)
+def sentence_pooling(name: str) -> str | None:
+    """How the model pools token states into its sentence vector, when it is a
+    sentence-transformers model that says so (``modules.json`` names a Pooling module whose
+    ``config.json`` sets one mode): ``mean`` (all-MiniLM-L6-v2), ``first`` (CLS) or ``last``;
+    None for any other model, or a mode raypeft does not reproduce (max, weighted mean)."""
+    if built_from_config(name):
+        return None
+    modules = _model_file(name, "modules.json")
+    if modules is None:
+        return None
+    try:
+        entries = json.loads(modules)
+        folder = next(e["path"] for e in entries if str(e.get("type", "")).endswith("Pooling"))
+        config = json.loads(_model_file(name, f"{folder}/config.json") or "{}")
+    except (ValueError, TypeError, KeyError, StopIteration):
+        return None  # not a sentence-transformers layout we can read
+    if isinstance(config.get("pooling_mode"), str):  # newer configs name the mode
+        return _POOLING_NAMES.get(config["pooling_mode"])
+    modes = [flag for flag, on in config.items() if on is True and flag.startswith("pooling_mode")]
+    return _POOLING_FLAGS.get(modes[0]) if len(modes) == 1 else None
+
+
+def _model_file(name: str, filename: str) -> str | None:
+    """The text of a file of the model's folder (or its Hub repository; None when absent)."""
+    source = resolve_source(name)
+    try:
+        if Path(source).expanduser().is_dir():
+            path = Path(source).expanduser() / filename
+            return path.read_text(encoding="utf-8") if path.is_file() else None
+        return Path(hf_hub_download(source, filename)).read_text(encoding="utf-8")
+    except (OSError, ValueError, EntryNotFoundError):  # missing, offline, not a repo id
+        return None
 
 
 # Where the stack of transformer layers lives, by architecture (first match wins).

@@ -53,6 +53,7 @@ def build_model(
     The frozen weights are kept in ``precision``'s dtype (a resolved precision: fp32, bf16 or
     fp16; :mod:`raypeft.modeling.precision`); the head and the method's tensors stay float32.
     The model is the same, tensor for tensor, whether its backbone came from the cache or disk.
+    In training mode its backbone's dropout follows ``train.backbone_dropout``.
     """
     backbone = cached_backbone(
         cfg.model,
@@ -64,9 +65,11 @@ def build_model(
     )
     # the method's tensors are made beside the word embeddings some start from (or on the CPU),
     # then everything joins the backbone on its device
-    model = PromptedModel(backbone, cfg.method).to(device or "cpu")
+    model = PromptedModel(backbone, cfg.method, backbone_dropout=cfg.train.backbone_dropout)
+    model = model.to(device or "cpu")
     model.precision = precision
     if model.kind == "seq2seq":
         model.verbalizers = task.verbalizers
         model.tokenizer = load_tokenizer(cfg.model.name, cfg.model.revision)
+        model.seq2seq_scoring = cfg.task.seq2seq_scoring
     return model

@@ -18,7 +18,9 @@ from torch import nn
 
 from raypeft.methods import MethodConfig, PromptMethod, build_method
 from raypeft.modeling.backbones import Backbone, transformer_layers
+from raypeft.modeling.dropout import set_dropout_rate, trains_with_dropout
 from raypeft.modeling.precision import autocast
+from raypeft.modeling.seq2seq_scoring import rank_predictions, verbalizer_ids
 
 TRAINABLE_FILE = "trainable.safetensors"
 
@@ -38,19 +40,41 @@ class PromptedModel(nn.Module):
     The backbone runs in ``precision`` (:mod:`raypeft.modeling.precision`, set by
     :func:`raypeft.modeling.build.build_model`); the method's own computation, the head's
     loss and the logits returned for a head stay float32.
+
+    ``backbone_dropout`` (``train.backbone_dropout``; :mod:`raypeft.modeling.dropout`): in
+    training mode the backbone's dropout runs at its config's rates (``"config"``), at a given
+    rate, or not at all (``0``: the backbone stays in eval mode). Evaluation is always
+    without dropout.
     """
 
-    def __init__(self, backbone: Backbone, method_config: MethodConfig):
+    def __init__(
+        self,
+        backbone: Backbone,
+        method_config: MethodConfig,
+        *,
+        backbone_dropout: float | str = "config",
+    ):
         super().__init__()
         self.backbone = backbone.model
         self.dims = backbone.dims
         resolved = method_config.resolve(backbone.dims)
         resolved.check_backbone(backbone.dims)
         resolved.warm_up(backbone)  # artefacts the driver built, unless this machine lacks them
-        self.method: PromptMethod = build_method(resolved, backbone.dims, backbone.word_embeddings)
+        # prompts starting from vocabulary rows or a text read the tokenizer (a backbone built
+        # by hand, without a model name, has none: benchmarks)
+        tokenizer = backbone.tokenizer() if backbone.dims.model_name else None
+        self.method: PromptMethod = build_method(
+            resolved, backbone.dims, backbone.word_embeddings, tokenizer
+        )
+        self.backbone_dropout = backbone_dropout
+        if isinstance(backbone_dropout, float) and trains_with_dropout(backbone_dropout):
+            set_dropout_rate(self.backbone, backbone_dropout)  # this trial's own modules
         self._head_names = {name for name, p in self.backbone.named_parameters() if p.requires_grad}
         self.verbalizers: list[str] | None = None  # seq2seq classes as text (set by build_model)
         self.tokenizer = None  # seq2seq: decodes generated labels (set by build_model)
+        # seq2seq classification: generate the label, or rank the verbalizers (build_model
+        # sets task.seq2seq_scoring; modeling/seq2seq_scoring.py)
+        self.seq2seq_scoring = "generate"
         self.precision = "fp32"  # what the backbone computes in (set by build_model)
         if self.method.uses_layer_prompts:
             self._install_layer_hooks()
@@ -124,13 +148,19 @@ class PromptedModel(nn.Module):
             return self.backbone(**kwargs).logits.float()
 
     @torch.no_grad()
-    def predict(self, input_ids, attention_mask, token_type_ids=None, features=None, **_):
+    def predict(
+        self, input_ids, attention_mask, token_type_ids=None, features=None, scoring=None, **_
+    ):
         """Predictions for metrics: head outputs ``(batch, labels)`` for classification and
         regression heads; for seq2seq, the generated text mapped back to a class id (-1 when
-        it names no class) or a float (NaN when it is not a number)."""
+        it names no class) or a float (NaN when it is not a number), or with ``scoring``
+        ``rank`` (default: :attr:`seq2seq_scoring`) a classification task's likeliest class."""
         kwargs = self.backbone_inputs(input_ids, attention_mask, token_type_ids, features)
         if self.kind != "seq2seq":
             return self._head_logits(kwargs, input_ids.device).cpu().numpy()
+        if (scoring or self.seq2seq_scoring) == "rank" and self.verbalizers is not None:
+            targets = verbalizer_ids(self.tokenizer, self.verbalizers)
+            return rank_predictions(self.backbone, kwargs, targets, self.precision)
         longest = (
             8
             if self.verbalizers is None
@@ -146,11 +176,12 @@ class PromptedModel(nn.Module):
         return text_predictions(texts, self.verbalizers)
 
     def train(self, mode: bool = True) -> PromptedModel:
-        # The backbone (task head included: a Linear layer, no dropout of its own) always runs
-        # in eval mode: it is frozen, and its dropout would only add noise to the prompt's
-        # gradients. Only the method's modules see training mode.
+        # Training mode reaches the frozen backbone and its head (BERT's and RoBERTa's heads
+        # have dropout too) only to run their dropout, as the papers train; its weights never
+        # change. backbone_dropout 0 keeps them in eval mode: no dropout, no random draws.
         super().train(mode)
-        self.backbone.eval()
+        if not trains_with_dropout(self.backbone_dropout):
+            self.backbone.eval()
         return self
 
     def param_groups(self) -> dict[str, list[nn.Parameter]]:

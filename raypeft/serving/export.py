@@ -351,7 +351,7 @@ def _compare_seq2seq(peft_model, predictor, batch, report: Verification) -> None
     # why: torch loads only when verifying an export
     from raypeft.modeling.prompted import text_predictions
 
-    ours_pred = model.predict(**batch)
+    ours_pred = model.predict(**batch, scoring="generate")  # peft's side can only generate
     longest = max(len(tokenizer(v)["input_ids"]) for v in (meta.get("verbalizers") or ["0.0"]))
     generated = peft_model.generate(
         input_ids=batch["input_ids"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers import get_linear_schedule_with_warmup
+from transformers import get_constant_schedule, get_linear_schedule_with_warmup
 
 from raypeft.config.schema import ExperimentConfig, TrainConfig
 from raypeft.modeling.prompted import PromptedModel
@@ -30,7 +30,11 @@ def build_optimizer(model: PromptedModel, cfg: ExperimentConfig) -> torch.optim.
 def build_scheduler(
     optimizer: torch.optim.Optimizer, train: TrainConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over ``warmup_ratio`` of the steps, then linear decay to zero."""
+    """``train.schedule``: ``linear`` warms up over ``warmup_ratio`` of the steps, then decays
+    linearly to zero (DePT's Table 10); ``constant`` keeps every group at its set rate from
+    the first step to the last (IDPG's Table 4: a fixed learning rate, no warm-up)."""
+    if train.schedule == "constant":
+        return get_constant_schedule(optimizer)
     steps = train.max_steps
     return get_linear_schedule_with_warmup(optimizer, math.ceil(train.warmup_ratio * steps), steps)
 

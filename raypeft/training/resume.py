@@ -1,7 +1,8 @@
 """Resumable training state: what a restarted trial needs to continue where it stopped.
 
 Every checkpoint a trial reports holds, next to its best model, a ``resume/`` folder with the
-current trainable tensors, the optimizer's and LR schedule's state, the RNG state and the
+current trainable tensors, the optimizer's and LR schedule's state, the RNG state (the CPU's,
+and the GPU's where training runs on one: the backbone's dropout draws from it) and the
 loop's counters. A trial restarted by Ray (a worker killed, a node lost, the driver resumed
 with ``raypeft tune --resume``) loads it and continues at the same step on the same batches,
 so it ends exactly where an uninterrupted trial would.
@@ -70,6 +71,9 @@ def save_resume_state(
             else:
                 scalars.setdefault(str(index), {})[name] = value
     tensors["rng.torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # dropout on a GPU draws from the current device's generator, not the CPU's
+        tensors["rng.cuda"] = torch.cuda.get_rng_state()
     save_file(tensors, str(out / _TENSORS))
     loop_json = {k: v for k, v in asdict(loop).items() if k not in _NOT_SAVED}
     state = {
@@ -109,6 +113,8 @@ def load_resume_state(
     optimizer.load_state_dict({"state": per_param, "param_groups": groups})
     scheduler.load_state_dict(state["scheduler"])
     torch.set_rng_state(tensors["rng.torch"])
+    if "rng.cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng.cuda"])
     prefix = "trainable."
     trainable = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
     return trainable, LoopState(**state["loop"])

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gzip
+import json
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from raypeft.config.schema import ExperimentConfig, ModelConfig
+from raypeft.config.schema import ExperimentConfig, ModelConfig, load_experiment
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
 from raypeft.errors import ConfigError
@@ -18,12 +21,13 @@ from raypeft.methods.idpg.phm import PHMLinear, init_phm_a
 from raypeft.methods.idpg.sentence_encoders import (
     BackboneEncoding,
     GloveEncoding,
+    auto_pooling,
     glove_width,
     load_glove,
     pool,
 )
 from raypeft.methods.prompt_tuning import PromptTuningConfig
-from raypeft.modeling.backbones import frozen_backbone
+from raypeft.modeling.backbones import frozen_backbone, sentence_pooling
 from raypeft.modeling.prompted import PromptedModel
 from raypeft.training.optimizer import build_optimizer
 
@@ -250,7 +254,9 @@ def test_multi_layer_prompts_reach_every_layer(tiny_backbone, tiny_batch):
 
 
 def test_previous_layer_input(tiny_backbone, tiny_batch):
-    cfg = IDPGConfig(layers="multi", version="M", generator_input="previous_layer", **SMALL)
+    cfg = IDPGConfig(
+        layers="multi", version="M", generator_input="previous_layer", pooling="mean", **SMALL
+    )
     method = PromptedModel(tiny_backbone(), cfg).method
     batch, features = tiny_batch(), sentence_features(4)
     embed = tiny_backbone().model.get_input_embeddings()
@@ -419,6 +425,112 @@ def test_backbone_encoding_equals_manual_pooled_forward(tiny_model_cfg, tiny_bac
     else:
         expected = torch.stack([hidden[i, : real[i]].mean(0) for i in range(5)])
     np.testing.assert_allclose(out, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- pooling: auto
+
+
+def test_auto_pooling_follows_the_backbone():
+    """The paper's first token ([CLS], §4.5.1), unless the backbone declares its sentence
+    pooling (mean for all-MiniLM-L6-v2); a decoder's last real token."""
+    encoder = BackboneDims(hidden_size=32, num_layers=2, vocab_size=100, max_length=16)
+    cases = {
+        encoder: "first",
+        replace(encoder, kind="seq2seq"): "first",
+        replace(encoder, kind="decoder"): "last",
+        replace(encoder, sentence_pooling="mean"): "mean",
+        replace(encoder, kind="decoder", sentence_pooling="mean"): "mean",
+        replace(encoder, sentence_pooling="first"): "first",
+    }
+    assert IDPGConfig().pooling == "auto"
+    for dims, expected in cases.items():
+        assert auto_pooling(dims) == expected
+        assert IDPGConfig(**SMALL).resolve(dims).pooling == expected
+        for chosen in ("first", "mean", "last"):  # a chosen pooling is kept
+            assert IDPGConfig(**SMALL, pooling=chosen).resolve(dims).pooling == chosen
+    resolved = IDPGConfig(**SMALL).resolve(encoder)
+    assert resolved.resolve(encoder) == resolved and resolved.derived() == {}
+
+
+def _sentence_transformers_folder(root, pooling_config: dict, modules: bool = True):
+    folder = root / "st-model"
+    (folder / "1_Pooling").mkdir(parents=True)
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+    if modules:
+        kinds = {"": "Transformer", "1_Pooling": "Pooling"}
+        entries = [
+            {"idx": i, "name": str(i), "path": path, "type": f"sentence_transformers.models.{kind}"}
+            for i, (path, kind) in enumerate(kinds.items())
+        ]
+        (folder / "modules.json").write_text(json.dumps(entries))
+    return str(folder)
+
+
+def test_sentence_pooling_is_read_from_the_model_folder(tmp_path):
+    flags = {
+        "pooling_mode_cls_token": False,
+        "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_lasttoken": False,
+    }
+    assert sentence_pooling("minilm") == "mean"  # the packaged all-MiniLM-L6-v2
+    assert sentence_pooling("tiny-bert") is None and sentence_pooling("tiny-t5") is None
+    for i, (flag, expected) in enumerate(
+        [
+            ("pooling_mode_cls_token", "first"),
+            ("pooling_mode_mean_tokens", "mean"),
+            ("pooling_mode_lasttoken", "last"),
+            ("pooling_mode_max_tokens", None),  # not one raypeft reproduces: the paper's rule
+        ]
+    ):
+        folder = _sentence_transformers_folder(tmp_path / str(i), {**flags, flag: True})
+        assert sentence_pooling(folder) == expected
+    named = _sentence_transformers_folder(tmp_path / "named", {"pooling_mode": "cls"})
+    assert sentence_pooling(named) == "first"
+    # a pooling folder that modules.json does not name is not a sentence-transformers model
+    loose = _sentence_transformers_folder(
+        tmp_path / "loose", {**flags, "pooling_mode_mean_tokens": True}, modules=False
+    )
+    assert sentence_pooling(loose) is None
+    assert sentence_pooling(str(tmp_path / "missing")) is None
+
+
+def test_minilm_dims_declare_mean_pooling():
+    """What the driver's backbone tells IDPG: M(x) of the packaged MiniLM is its mean."""
+    dims = frozen_backbone(ModelConfig(name="minilm", max_length=16)).dims  # config only
+    assert dims.sentence_pooling == "mean"
+    assert IDPGConfig(**{**SMALL, "phm_n": 2}).resolve(dims).pooling == "mean"
+
+
+def test_auto_previous_layer_input_is_its_first_token(tiny_backbone, tiny_batch):
+    cfg = IDPGConfig(layers="multi", version="M", generator_input="previous_layer", **SMALL)
+    method = PromptedModel(tiny_backbone(), cfg).method
+    assert method.config.pooling == "first"  # resolved on tiny-bert (no declared pooling)
+    batch = tiny_batch()
+    embed = tiny_backbone().model.get_input_embeddings()
+    method.prepare_inputs(
+        batch["input_ids"], batch["attention_mask"], None, embed, sentence_features(4)
+    )
+    hidden = torch.randn(4, T + 16, D, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(method.layer_prompt(1, hidden), method.generate(1, hidden[:, T]))
+
+
+def test_auto_encoding_is_the_first_token_on_a_plain_encoder(tiny_model_cfg):
+    arrays = {k: v.numpy() for k, v in _token_arrays().items()}
+    backbone = frozen_backbone(tiny_model_cfg)
+    assert backbone.dims.sentence_pooling is None
+    auto = BackboneEncoding(pooling="auto").compute([], arrays, backbone)
+    np.testing.assert_array_equal(
+        auto, BackboneEncoding(pooling="first").compute([], arrays, backbone)
+    )
+    assert IDPGConfig().feature_specs()["sentence"].pooling == "auto"
+
+
+def test_shipped_idpg_space_trains_as_the_paper():
+    """search_spaces/idpg.yaml: a constant learning rate (Table 4); M(x) pooled by auto."""
+    cfg = load_experiment(Path(__file__).parents[2] / "search_spaces" / "idpg.yaml")
+    assert cfg.train.schedule == "constant"
+    assert cfg.method.pooling == "auto"
 
 
 def _token_arrays() -> dict[str, torch.Tensor]:

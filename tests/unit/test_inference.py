@@ -161,6 +161,30 @@ def test_inference_equals_training_path(trained, model, method):
     np.testing.assert_allclose([p.score for p in preds], probs.max(-1), atol=1e-5)
 
 
+RANKED_TWEETS = {**TWEETS, "max_test_examples": 8, "seq2seq_scoring": "rank"}
+
+
+def test_rank_scoring_names_a_class_for_every_text(trained):
+    """task.seq2seq_scoring: rank travels with the model folder: `raypeft predict` and the
+    pyfunc model (both a Predictor) rank the verbalizers as evaluation did."""
+    cfg, task, folder = trained("tiny-t5", DEPT, RANKED_TWEETS)
+    expected = training_path_predictions(cfg, task, folder)
+    predictor = Predictor.from_folder(folder)
+    assert predictor.model.seq2seq_scoring == "rank"
+    texts = task.texts["validation"]
+    preds = [p for b in predictor.predict_batches(texts, batch_size=7) for p in b]
+    assert [p.label_id for p in preds] == expected.tolist()
+    assert all(0 <= p.label_id < 3 and p.label == task.verbalizers[p.label_id] for p in preds)
+
+
+def test_export_of_a_rank_scoring_model_compares_generation(trained, tmp_path):
+    from raypeft.serving.export import export_peft
+
+    _, _, folder = trained("tiny-t5", PT, RANKED_TWEETS)
+    result = export_peft(folder, tmp_path / "adapter")  # peft can only generate
+    assert "generated labels (greedy): equal" in "\n".join(result.checks)
+
+
 @pytest.mark.parametrize("model", ["tiny-bert", "tiny-gpt2", "tiny-t5"])
 def test_tokenisation_equals_prepare_task(trained, model):
     cfg, task, folder = trained(model, PT)

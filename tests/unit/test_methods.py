@@ -131,21 +131,24 @@ def test_dept_at_init_equals_pt(tiny_backbone, tiny_batch, dept_cfg):
     assert torch.equal(dept(**batch).logits, pt(**batch).logits)
 
 
-def test_dept_applies_lowrank_offset_for_classification(tiny_backbone, tiny_batch):
-    dept_cfg = METHOD_CONFIGS["dept-rank"]
+@pytest.mark.parametrize("lowrank_init", ["official", "paper"])
+def test_dept_applies_lowrank_offset_for_classification(tiny_backbone, tiny_batch, lowrank_init):
+    dept_cfg = METHOD_CONFIGS["dept-rank"].model_copy(update={"lowrank_init": lowrank_init})
     dept = PromptedModel(tiny_backbone(), dept_cfg)
     pt = PromptedModel(tiny_backbone(), PromptTuningConfig(prompt_length=dept_cfg.prompt_length))
     with torch.no_grad():
         dept.method.lora_b.normal_(0, 0.5, generator=torch.Generator().manual_seed(1))
     batch = tiny_batch()
     assert not torch.allclose(dept(**batch).logits, pt(**batch).logits, atol=1e-4)
-    # the offset is exactly A·B added to the word embeddings of the s input positions
+    # the offset is exactly A·B added to the word embeddings of the s input positions, scaled
+    # by lora_alpha/√r = 8/√4 as DePT's code does (official), or not at all (paper)
     embed = dept.backbone.get_input_embeddings()
     kwargs = dept.method.prepare_inputs(
         batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], embed
     )
     m = dept_cfg.prompt_length
-    expected = embed(batch["input_ids"]) + dept.method.lora_a @ dept.method.lora_b
+    scale = 4.0 if lowrank_init == "official" else 1.0
+    expected = embed(batch["input_ids"]) + scale * (dept.method.lora_a @ dept.method.lora_b)
     torch.testing.assert_close(kwargs["inputs_embeds"][:, m:], expected)
     assert torch.equal(kwargs["inputs_embeds"][0, :m], dept.method.prompt)
     assert kwargs["attention_mask"].shape == (4, m + 16)
@@ -328,18 +331,31 @@ def test_regression_head(tiny_backbone, tiny_batch, method_cfg):
     assert loss_fn(model(**batch).logits, targets).item() < first.item()
 
 
-def test_train_mode_keeps_backbone_dropout_off(tiny_backbone, tiny_batch):
+def test_train_mode_runs_the_backbones_dropout(tiny_backbone, tiny_batch):
+    # default (backbone_dropout: config): training mode reaches the backbone and its head, whose
+    # dropout then runs (tiny-bert's config: 0.1); evaluation is deterministic again
     model = PromptedModel(tiny_backbone(), METHOD_CONFIGS["pt"])
     model.train()
     assert model.training and model.method.training
-    # the frozen backbone and its (dropout-free, Linear) head stay in eval mode throughout
-    assert not any(module.training for module in model.backbone.modules())
+    assert all(module.training for module in model.backbone.modules())
     batch = tiny_batch()
-    assert torch.equal(
-        model(**batch).logits, model(**batch).logits
-    )  # deterministic: no dropout in the backbone
+    assert not torch.equal(model(**batch).logits, model(**batch).logits)
     model.eval()
     assert not model.training and not model.method.training
+    assert not any(module.training for module in model.backbone.modules())
+    assert torch.equal(model(**batch).logits, model(**batch).logits)
+
+
+def test_backbone_dropout_zero_keeps_the_backbone_in_eval_mode(tiny_backbone, tiny_batch):
+    model = PromptedModel(tiny_backbone(), METHOD_CONFIGS["pt"], backbone_dropout=0.0)
+    model.train()
+    assert model.training and model.method.training
+    # the frozen backbone and its head stay in eval mode: no dropout, no random numbers drawn
+    assert not any(module.training for module in model.backbone.modules())
+    batch = tiny_batch()
+    rng = torch.get_rng_state()
+    assert torch.equal(model(**batch).logits, model(**batch).logits)
+    assert torch.equal(torch.get_rng_state(), rng)
 
 
 def test_backbone_is_frozen_and_seeded(tiny_backbone):

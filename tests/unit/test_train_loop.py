@@ -17,11 +17,13 @@ from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
 from raypeft.methods.dept import DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
+from raypeft.modeling.build import build_model
 from raypeft.modeling.prompted import TRAINABLE_FILE
 from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE, load_checkpoint
 from raypeft.training.datasets import split_dataset
 from raypeft.training.evaluation import evaluate
 from raypeft.training.loop import train
+from raypeft.training.optimizer import build_optimizer, build_scheduler
 from raypeft.training.result_keys import FAILURE_KEY, RESUMED_KEY
 from raypeft.training.resume import RESUME_DIR
 from raypeft.training.sampler import GlobalBatchSampler
@@ -175,6 +177,21 @@ def test_train_is_deterministic(tmp_path, task):
     train(cfg, task, b)
     keys = ["val_loss", "val_accuracy", "train_loss"]
     assert [[m[k] for k in keys] for m, _ in a.calls] == [[m[k] for k in keys] for m, _ in b.calls]
+
+
+def test_backbone_dropout_trains_and_never_evaluates(tmp_path, task):
+    """The loop trains with the backbone's dropout (the default, as the papers; seeded, so the
+    runs above repeat exactly and a resumed trial continues exactly) and evaluates without:
+    0 changes the training loss, not how a given model is evaluated."""
+    on, off = Recorder(tmp_path / "on"), Recorder(tmp_path / "off")
+    train(experiment(max_steps=10, eval_every=10), task, on)
+    train(experiment(max_steps=10, eval_every=10, backbone_dropout=0), task, off)
+    assert on.calls[0][0]["train_loss"] != off.calls[0][0]["train_loss"]
+    for rec, dropout in ((on, "config"), (off, 0.0)):
+        cfg, model = load_checkpoint(rec.checkpoints[-1], task)
+        assert cfg.train.backbone_dropout == dropout
+        val = evaluate(model, split_dataset(task, cfg, "validation"), ("accuracy",), 16, "cpu")
+        assert val["loss"] == pytest.approx(rec.calls[-1][0]["val_loss"], rel=1e-6)
 
 
 def test_final_step_is_evaluated_when_not_a_multiple(tmp_path, task):
@@ -346,3 +363,30 @@ def test_regression_task(tmp_path):
     assert [m["step"] for m, _ in rec.calls] == [4, 8]
     assert {"val_pearson", "val_spearmanr", "val_loss"} <= set(best)
     assert all(np.isfinite(m["val_loss"]) for m, _ in rec.calls)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "constant"])
+def test_learning_rate_schedule(task, schedule):
+    """linear: warm-up over warmup_ratio, then linear decay to zero (DePT); constant: every
+    group at its set rate at every step, warmup_ratio unused (IDPG's Table 4)."""
+    method = DePTConfig(prompt_length=4, budget_prompt_length=10, lr_prompt=0.3, lr_lowrank=0.01)
+    cfg = experiment(method, max_steps=50, schedule=schedule, warmup_ratio=0.1)
+    assert experiment(method).train.schedule == "linear"  # the default
+    model = build_model(cfg, task)
+    optimizer = build_optimizer(model, cfg)
+    scheduler = build_scheduler(optimizer, cfg.train)
+    set_rates = {"prompt": 0.3, "lowrank": 0.01, "head": 1e-2}
+    steps = []  # the rate of each group at each optimizer step
+    for _ in range(cfg.train.max_steps):
+        steps.append({g["name"]: g["lr"] for g in optimizer.param_groups})
+        optimizer.step()
+        scheduler.step()
+    assert set(steps[0]) == set(set_rates)
+    for name, rate in set_rates.items():
+        got = np.array([s[name] for s in steps])
+        if schedule == "constant":
+            assert (got == rate).all(), name
+        else:  # 5 warm-up steps from 0, the set rate at step 5, then down to 1/45 of it
+            np.testing.assert_allclose(got[:6], rate * np.arange(6) / 5)
+            assert np.all(np.diff(got[5:]) < 0)
+            assert got[-1] == pytest.approx(rate / 45)

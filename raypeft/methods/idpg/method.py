@@ -45,7 +45,6 @@ from raypeft.methods.base import (
     FeatureSpec,
     MethodConfig,
     PromptMethod,
-    init_prompt,
     no_peft_equivalent,
     prepend_prompt,
     register_method,
@@ -54,9 +53,12 @@ from raypeft.methods.idpg.phm import PHMLinear, init_phm_a
 from raypeft.methods.idpg.sentence_encoders import (
     BackboneEncoding,
     GloveEncoding,
+    PoolingChoice,
     glove_width,
     pool,
+    resolve_pooling,
 )
+from raypeft.methods.prompt_init import init_prompt
 
 UP_INIT_SCALE = 0.1  # generated part / embedding scale at initialisation
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU}
@@ -160,10 +162,13 @@ class IDPGConfig(MethodConfig):
     encoder: Literal["backbone", "glove"] = Field(
         "backbone", description="M(x): the frozen backbone's pooled encoding, or mean GloVe"
     )
-    pooling: Literal["first", "mean", "last"] = Field(
-        "mean",
+    pooling: PoolingChoice = Field(
+        "auto",
         description="how token states become one vector: the backbone encoder's M(x) and "
-        "the previous layer's output (first/last real token, or masked mean)",
+        "the previous layer's output (first/last real token, or masked mean). auto: the "
+        "backbone's own pooling where it is a sentence encoder that declares one "
+        "(sentence-transformers' pooling config: mean for the packaged MiniLM), else the "
+        "paper's first token ([CLS], §4.5.1), or a decoder's last real token",
     )
     glove_path: str | None = Field(
         None,
@@ -283,6 +288,8 @@ class IDPGConfig(MethodConfig):
         d_in = self.input_width(dims)
         self._check_sizes(dims, d_in, None)
         resolved = self
+        if self.pooling == "auto":
+            resolved = self.model_copy(update={"pooling": resolve_pooling("auto", dims)})
         if self.budget_params is not None:
             m = self._largest_fitting(self.budget_params, dims, d_in)
             if m is None:
@@ -291,7 +298,7 @@ class IDPGConfig(MethodConfig):
                     f"`budget_params >= {smallest}` must hold for the smallest IDPG generator "
                     f"here, but got (budget_params={self.budget_params})"
                 )
-            resolved = self.model_copy(update={"generator_hidden": m})
+            resolved = resolved.model_copy(update={"generator_hidden": m})
         resolved._check_sizes(dims, d_in, resolved.generator_hidden)
         return resolved
 
@@ -357,8 +364,14 @@ class IDPG(PromptMethod):
     config_cls = IDPGConfig
     uses_layer_prompts = True  # overridden per instance: S-IDPG needs no layer hooks
 
-    def __init__(self, config: IDPGConfig, dims: BackboneDims, word_embeddings: nn.Embedding):
-        super().__init__(config, dims, word_embeddings)
+    def __init__(
+        self,
+        config: IDPGConfig,
+        dims: BackboneDims,
+        word_embeddings: nn.Embedding,
+        tokenizer: Any | None = None,
+    ):
+        super().__init__(config, dims, word_embeddings, tokenizer)
         config = self.config = config.resolve(dims)
         multi, per_layer = config.multi, config.multi and config.version == "L"
         self.uses_layer_prompts = multi
@@ -405,7 +418,9 @@ class IDPG(PromptMethod):
         self.prompt_bias = nn.Parameter(
             torch.stack(
                 [
-                    init_prompt(t, word_embeddings, "vocab", config.init_seed + k).flatten()
+                    init_prompt(
+                        t, word_embeddings, "vocab", config.init_seed + k, tokenizer=tokenizer
+                    ).flatten()
                     for k in range(slots)
                 ]
             )

