@@ -2,273 +2,507 @@
 
 What it measures
 ----------------
-On the real GLUE/SentEval files of ``../shared/data`` (read in place; nothing is copied), with
-the pre-trained all-MiniLM-L6-v2 (packaged, d=384, N=6) as the frozen backbone, every method
-gets the same budget (``--budget``, default 23,040 = PT with l=60) and derives its size knob
-from it through ``budget_params``: PT's length, DePT's rank (at ``m`` = ``--dept-m``), the
-M-IDPG-PHM generator width, and IPT's encoder width (Encoder IPT with an MLP encoder and
-k=4 prompt vectors, on the frozen table pretrained on BBC News: at this budget a TextCNN over
-384-d rows fits 3 filters, and the random/pretrained tables cost V·d = 11.7M).
+On the GLUE/SentEval files of ``../shared/data`` (read in place; nothing is copied), with the
+pre-trained all-MiniLM-L6-v2 (packaged, d=384, N=6) frozen, every method gets one budget
+(``--budget-length`` l=100: l·d = 38,400 trainable parameters, the DePT paper's PT length)
+and derives its size knob from it: PT l=100; DePT m=60, r derived; the M-IDPG-PHM generator
+width (M version, previous-layer input, t=5, n=4); the Encoder IPT MLP width (k=4, on the
+frozen table pretrained on BBC News). The backbone's dropout is on and the frozen backbone
+computes in bf16 where the CPU runs it fast (``train.precision: auto``); IDPG trains at a
+constant rate (its paper's Table 4), the others with DePT's linear schedule.
 
-Per task and method, a small fixed tuning budget: each of the method's learning rates (two,
-from each paper's grid) is trained with seed 0; the one with the best validation metric is
-kept; it is trained again with seeds 1 and 2. Each run keeps its best checkpoint by the
-validation metric (the loop evaluates every ``--eval-every`` steps) and is scored once on the
-test split. Reported: the test metric (mean ± std over the 3 seeds; accuracy, STS-B Pearson,
-MRPC F1) per task and method, the chosen learning rate, the trainable count, and each
-method's mean over the tasks, side by side.
+Parts, all in one command:
 
-Where a task has no labelled test split (SST-2 and RTE as GLUE ships them), raypeft's DePT
-rule applies: validation is split in half (test = one half). Training sets are capped at
-``--train-examples`` and validation/test at ``--eval-examples``/``--test-examples`` (random
-subsets, fixed seed) to keep the run to about an hour on 2 cores: the numbers measure
-relative fidelity at small scale, not the papers' full-data results.
+1. **Main table** (8 tasks × 4 methods × 3 seeds). Each method's learning rates (``--lrs``
+   of its grid, ``fidelity_plan.METHODS``) train with seed 0; the best by validation is kept
+   per task and trained again with seeds 1 and 2. Each run keeps its best checkpoint by
+   validation (``--evals`` evaluations per run) and is scored once on test. Reported: mean ±
+   std per task and method, and whether DePT ≥ PT and IDPG ≥ PT hold (mean Δ over tasks,
+   tasks won, tasks won by more than two standard errors).
+2. **DePT's m against r** at the fixed budget (m ∈ ``--curve-m``, r derived) on
+   ``--curve-tasks``, at DePT's chosen rate, with PT as m=100 (the paper's Figure 3).
+3. **Ablations** of issue 14's fixes on ``--ablation-tasks`` against the new defaults, at the
+   default's chosen rate: prompt init (vocab vs the old vocab_uniform), backbone dropout
+   (config vs 0), DePT's low-rank start (official vs paper).
 
-Runs go to ``--jobs`` worker processes (forked after the tasks are tokenised, and IDPG's
-sentence encodings computed once per task, so workers share them), one torch thread each.
+``--calibrate`` finds the step count first: PT on SST-2, MPQA and MRPC at increasing counts
+(``--calibrate-steps``), seed 0 at each of its rates, its validation accuracy at the chosen
+rate against each task's majority-class rate; it stops at the smallest count where PT left
+the majority class on all three, and prints the full run's estimated wall time per count.
+
+Results are appended to a JSON-lines file (``--results``) as runs finish; run the same
+command again after an interruption and it skips the finished runs. ``--report`` prints the
+markdown tables from that file. Before training, a short timing (``--probe-steps`` of each
+method, or the finished runs' own timings) gives the estimated wall time.
+
+Where a task has no labelled test split (SST-2 and RTE as GLUE ships them), validation is split
+in half (DePT's rule). Training sets are capped at ``--train-examples`` and validation/test at
+``--eval-examples``/``--test-examples`` (random subsets, fixed seed): the numbers compare the
+methods at small scale, not the papers' full-data results.
+
+Runs go to ``--jobs`` forked worker processes with ``--threads`` torch threads each (the
+tasks are tokenised and IDPG's encodings computed once, in the parent, before the fork).
+Ray is not used: a fork pool shares the prepared tasks for free and starts in no time.
 
 Usage::
 
-    python benchmarks/fidelity.py --data-dir ../shared/data            # or RAYPEFT_SHARED_DATA
-    python benchmarks/fidelity.py --data-dir ../shared/data --tasks mr,rte --seeds 1 --steps 60
+    python benchmarks/fidelity.py --data-dir ../shared/data --calibrate   # first: the steps
+    python benchmarks/fidelity.py --data-dir ../shared/data --steps N     # the benchmark
+    python benchmarks/fidelity.py --data-dir ../shared/data --steps N --report
+    python benchmarks/fidelity.py --tiny --data-dir DIR                   # tests: tiny model
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import os
+import queue
+import shlex
+import signal
 import statistics
 import sys
-import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-TASKS = ["mr", "subj", "cr", "mpqa", "sst2", "rte", "mrpc", "stsb"]
+from fidelity_plan import (
+    CALIBRATION_TASKS,
+    DEPT_M,
+    METHODS,
+    TASKS,
+    Plan,
+    Records,
+    Run,
+    Setting,
+    benchmark_runs,
+    calibration_batch,
+    calibration_runs,
+    full_benchmark,
+    records_of,
+)
+from fidelity_report import benchmark_report, calibration_report
 
-# method label -> (method section at the budget, the learning rates tried: the upper part of
-# each paper's grid, as the runs are short; DePT's are (α1, α2))
-METHOD_SETTINGS = {
-    "PT": ({"name": "pt"}, [0.3, 0.03]),
-    "DePT": ({"name": "dept", "prompt_length": 30}, [(0.3, 5e-3), (0.03, 1e-3)]),
-    "M-IDPG-PHM": (
-        {
-            "name": "idpg",
-            "layers": "multi",
-            "version": "M",
-            "generator": "phm",
-            "phm_n": 4,
-            "prompt_length": 5,
-            "generator_input": "previous_layer",
-        },
-        [1e-2, 5e-3],
-    ),
-    "IPT": (
-        {"name": "ipt", "strategy": "encoder", "encoder": "mlp", "num_prompts": 4},
-        [1e-2, 5e-3],
-    ),
-}
-
-_TASK_DATA: dict = {}  # task -> TokenizedTask, filled before the workers fork
-
-
-def base_config(args, task: str) -> dict:
-    return {
-        "name": f"fidelity-{task}",
-        "model": {"name": "minilm", "max_length": args.max_length},
-        "task": {
-            "name": task,
-            "data_dir": str(Path(args.data_dir) / task),
-            "max_train_examples": args.train_examples,
-            "max_eval_examples": args.eval_examples,
-            "max_test_examples": args.test_examples,
-        },
-        "budget_params": args.budget,
-        "method": {"name": "pt"},
-        "train": {
-            "max_steps": args.steps,
-            "eval_every": args.eval_every,
-            "batch_size": 16,
-            "head_lr": 5e-3,
-            "seed": 0,
-        },
-    }
+RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.jsonl"
+# --steps: a best guess until `--calibrate` has been run on the quiet machine (issue 14)
+FULL = dict(
+    model="minilm", max_length=64, budget_length=100, batch_size=16, head_lr=5e-3,
+    train_examples=5000, eval_examples=200, test_examples=500, evals=4, steps=300,
+    probe_steps=10, calibrate_steps="150,300,600,1200",
+)  # fmt: skip
+TINY = dict(
+    model="tiny-bert", max_length=16, budget_length=100, batch_size=4, head_lr=5e-3,
+    train_examples=24, eval_examples=12, test_examples=12, evals=2, steps=4,
+    probe_steps=2, calibrate_steps="2,4",
+)  # fmt: skip
+TINY_IPT = (("pretrain_epochs", 1), ("pretrain_width", 4))  # a tiny pretraining of its table
 
 
-def with_lr(method: dict, lr) -> dict:
-    if method["name"] == "dept":
-        return {**method, "lr_prompt": lr[0], "lr_lowrank": lr[1]}
-    return {**method, "lr": lr}
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; setting flags left out take FULL's defaults (TINY's with --tiny)."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calibrate", action="store_true", help="find the step count (PT)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--report", action="store_true", help="only print the tables of --results")
+    mode.add_argument("--estimate", action="store_true", help="time each method, estimate, exit")
+    p.add_argument("--data-dir", default=os.environ.get("RAYPEFT_SHARED_DATA"))
+    p.add_argument("--results", type=Path, default=RESULTS, help="JSON-lines results file")
+    p.add_argument("--markdown", type=Path, help="also write the report here")
+    p.add_argument("--tiny", action="store_true", help="tiny random model, a few examples")
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--lrs", type=int, default=2, help="learning rates tried per method")
+    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--curve-tasks", default="sst2,mrpc")
+    p.add_argument("--curve-m", default="20,40,60,80")
+    p.add_argument("--ablation-tasks", default="sst2,mrpc")
+    p.add_argument("--calibrate-tasks", default=",".join(CALIBRATION_TASKS))
+    p.add_argument("--margin", type=float, default=0.02, help="calibration: accuracy over majority")
+    for flag, kind in [
+        ("model", str), ("max-length", int), ("budget-length", int), ("batch-size", int),
+        ("head-lr", float), ("train-examples", int), ("eval-examples", int),
+        ("test-examples", int), ("evals", int), ("steps", int), ("probe-steps", int),
+        ("calibrate-steps", str),
+    ]:  # fmt: skip
+        p.add_argument(f"--{flag}", type=kind, help=f"default {FULL[flag.replace('-', '_')]}")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    p.add_argument("--ipt-corpus", help="IPT's pretraining corpus (default: BBC News)")
+    p.add_argument("--jobs", type=int, default=2, help="worker processes")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    args = p.parse_args(argv)
+    for key, value in (TINY if args.tiny else FULL).items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("seeds", "steps", "evals", "jobs", "threads", "probe_steps"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key.replace('_', '-')} must be at least 1")
+    if not 1 <= args.lrs <= min(len(m.lrs) for m in METHODS.values()):
+        p.error("--lrs must be between 1 and the grids' length (3)")
+    return args
 
 
-def run_one(job: tuple) -> dict:
-    """Train one (task, method, lr, seed); score its best checkpoint once on test."""
-    import torch
-    from safetensors.torch import load_file
-
-    from raypeft.config.schema import validate_experiment
-    from raypeft.modeling.build import build_model
-    from raypeft.training.datasets import split_dataset
-    from raypeft.training.evaluation import evaluate
-    from raypeft.training.loop import train
-
-    torch.set_num_threads(1)
-    base, task_name, label, method, lr, seed = job
-    data = _TASK_DATA[task_name]
-    cfg_dict = {**base, "method": with_lr(method, lr)}
-    cfg_dict["train"] = {**base["train"], "seed": seed}
-    cfg = validate_experiment(cfg_dict, f"fidelity:{task_name}:{label}")
-    best_state: dict = {}
-
-    def report(metrics: dict, folder: Path | None) -> None:
-        if folder is not None:  # an improvement: keep its trainable tensors in memory
-            best_state["tensors"] = load_file(str(folder / "trainable.safetensors"))
-
-    start = time.perf_counter()
-    best = train(cfg, data, report)
-    model = build_model(cfg, data)
-    model.load_trainable_state_dict(best_state["tensors"])
-    test = evaluate(
-        model, split_dataset(data, cfg, "test"), data.spec.metrics, 64, torch.device("cpu")
-    )
-    metric = data.spec.primary_metric
-    return {
-        "task": task_name,
-        "method": label,
-        "lr": lr,
-        "seed": seed,
-        "val": best[f"val_{metric}"],
-        "test": test[metric],
-        "params": model.method.num_trainable(),
-        "seconds": time.perf_counter() - start,
-    }
-
-
-def prepare(args) -> None:
-    """Tokenise every task once and compute IDPG's encodings once per task (parent only)."""
-    from raypeft.config.schema import validate_experiment
-    from raypeft.data import prepare_task
-    from raypeft.search.run import precompute_features
-
-    for task in args.tasks:
-        cfg = validate_experiment(base_config(args, task), f"fidelity:{task}")
-        start = time.perf_counter()
-        data = prepare_task(cfg.task, cfg.model)
-        for label in args.methods:
-            method, _ = METHOD_SETTINGS[label]
-            one = validate_experiment({**base_config(args, task), "method": method}, label)
-            precompute_features(one, data, say=lambda *_: None)
-        _TASK_DATA[task] = data
-        sizes = "/".join(str(data.size(s)) for s in ("train", "validation", "test"))
-        print(f"  {task}: {sizes} examples, prepared in {time.perf_counter() - start:.1f} s")
-
-
-def run_pool(jobs: list[tuple], processes: int) -> list[dict]:
-    if processes <= 1:
-        return [run_one(job) for job in jobs]
-    with mp.get_context("fork").Pool(processes) as pool:
-        return pool.map(run_one, jobs, chunksize=1)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default=os.environ.get("RAYPEFT_SHARED_DATA"))
-    parser.add_argument("--tasks", default=",".join(TASKS))
-    parser.add_argument("--methods", default=",".join(METHOD_SETTINGS))
-    parser.add_argument("--budget", type=int, default=23040, help="trainable parameters")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--eval-every", type=int, default=30)
-    parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--train-examples", type=int, default=2000)
-    parser.add_argument("--eval-examples", type=int, default=200)
-    parser.add_argument("--test-examples", type=int, default=500)
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--markdown", type=Path, help="also write the tables here")
-    args = parser.parse_args()
-    if not args.data_dir or not Path(args.data_dir).is_dir():
-        sys.exit("error: name the shared data folder with --data-dir or RAYPEFT_SHARED_DATA")
-    args.tasks = args.tasks.split(",")
-    args.methods = args.methods.split(",")
-    unknown = [m for m in args.methods if m not in METHOD_SETTINGS]
+def _names(text: str, known, flag: str) -> tuple[str, ...]:
+    """A comma-separated list checked against the known names."""
+    names = tuple(x for x in text.split(",") if x)
+    unknown = [x for x in names if x not in known]
     if unknown:
-        sys.exit(f"error: --methods: unknown {unknown}; choose from {list(METHOD_SETTINGS)}")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.chdir(tempfile.mkdtemp(prefix="raypeft-fidelity-"))  # checkpoints' temp files land here
-    start = time.perf_counter()
-    print(f"Preparing {len(args.tasks)} tasks (MiniLM, s={args.max_length}) ...")
-    prepare(args)
-
-    # round 1: every learning rate at seed 0
-    jobs = []
-    for task in args.tasks:
-        base = base_config(args, task)
-        for label in args.methods:
-            method, lrs = METHOD_SETTINGS[label]
-            jobs += [(base, task, label, method, lr, 0) for lr in lrs]
-    print(f"Round 1: {len(jobs)} runs (each method's learning rates, seed 0) ...")
-    results = run_pool(jobs, args.jobs)
-    # round 2: the validation-chosen learning rate with the other seeds
-    chosen = {}
-    for task in args.tasks:
-        for label in args.methods:
-            runs = [r for r in results if r["task"] == task and r["method"] == label]
-            chosen[task, label] = max(runs, key=lambda r: r["val"])
-    jobs = [
-        (base_config(args, task), task, label, METHOD_SETTINGS[label][0], best["lr"], seed)
-        for (task, label), best in chosen.items()
-        for seed in range(1, args.seeds)
-    ]
-    print(f"Round 2: {len(jobs)} runs (chosen learning rate, seeds 1..{args.seeds - 1}) ...")
-    results += run_pool(jobs, args.jobs)
-    lines = report(args, results, chosen, time.perf_counter() - start)
-    print("\n".join(lines))
-    if args.markdown:
-        args.markdown.write_text("\n".join(lines) + "\n")
+        sys.exit(f"error: {flag}: unknown {unknown}; choose from {list(known)}")
+    return names
 
 
-def report(args, results: list[dict], chosen: dict, wall: float) -> list[str]:
-    lines = [
-        f"Test metric (x100), mean ± std over {args.seeds} seeds, budget {args.budget:,} "
-        f"trainable parameters (task head excluded), MiniLM s={args.max_length}, "
-        f"{args.steps} steps, train ≤{args.train_examples}",
-        "",
-        "| task | metric | " + " | ".join(args.methods) + " |",
-        "|---|---|" + "---|" * len(args.methods),
-    ]
-    means: dict[str, list[float]] = {m: [] for m in args.methods}
-    for task in args.tasks:
-        metric = _TASK_DATA[task].spec.primary_metric
-        cells = []
-        for label in args.methods:
-            lr = chosen[task, label]["lr"]
-            scores = [
-                100 * r["test"]
-                for r in results
-                if r["task"] == task and r["method"] == label and r["lr"] == lr
-            ]
-            mean = statistics.mean(scores)
-            std = statistics.stdev(scores) if len(scores) > 1 else 0.0
-            means[label].append(mean)
-            cells.append(f"{mean:.1f} ± {std:.1f}")
-        lines.append(f"| {task} | {metric} | " + " | ".join(cells) + " |")
-    lines.append(
-        "| **mean** | | "
-        + " | ".join(f"**{statistics.mean(means[m]):.1f}**" for m in args.methods)
-        + " |"
+def plan_of(args: argparse.Namespace) -> Plan:
+    """What this command trains."""
+    return Plan(
+        tasks=_names(args.tasks, TASKS, "--tasks"),
+        methods=_names(args.methods, METHODS, "--methods"),
+        lrs=args.lrs,
+        seeds=args.seeds,
+        steps=args.steps,
+        curve_tasks=_names(args.curve_tasks, TASKS, "--curve-tasks"),
+        curve_m=tuple(int(m) for m in args.curve_m.split(",") if m),
+        ablation_tasks=_names(args.ablation_tasks, TASKS, "--ablation-tasks"),
+        calibrate_tasks=_names(args.calibrate_tasks, TASKS, "--calibrate-tasks"),
+        calibrate_steps=tuple(sorted(int(s) for s in args.calibrate_steps.split(","))),
+        margin=args.margin,
     )
-    lines += [
-        "",
-        "| method | trainable parameters | learning rate chosen (per task) |",
-        "|---|---|---|",
-    ]
-    for label in args.methods:
-        params = {r["params"] for r in results if r["method"] == label}
-        lrs = ", ".join(f"{t}: {chosen[t, label]['lr']}" for t in args.tasks)
-        lines.append(f"| {label} | {', '.join(f'{p:,}' for p in sorted(params))} | {lrs} |")
-    seconds = sum(r["seconds"] for r in results)
-    lines += ["", f"{len(results)} runs, {seconds / 60:.1f} run-minutes, wall {wall / 60:.1f} min"]
+
+
+def setting_of(args: argparse.Namespace, hidden_size: int) -> Setting:
+    """What every run shares; the budget is ``--budget-length`` prompt tokens of width d."""
+    ipt = TINY_IPT if args.tiny else ()
+    if args.ipt_corpus:
+        ipt += (("corpus", str(Path(args.ipt_corpus).resolve())),)
+    return Setting(
+        model=args.model,
+        max_length=args.max_length,
+        budget_length=args.budget_length,
+        budget_params=args.budget_length * hidden_size,
+        batch_size=args.batch_size,
+        head_lr=args.head_lr,
+        train_examples=args.train_examples,
+        eval_examples=args.eval_examples,
+        test_examples=args.test_examples,
+        evals=args.evals,
+        precision=args.precision,
+        ipt=ipt,
+    )
+
+
+def command_line(args: argparse.Namespace, mode: str = "") -> str:
+    """The command that reproduces this benchmark, every setting spelled out."""
+    words = ["python", "benchmarks/fidelity.py", "--data-dir", args.data_dir or "DIR"]
+    words += ["--tiny"] if args.tiny else []
+    for key in [
+        "tasks", "methods", "lrs", "seeds", "steps", "curve_tasks", "curve_m", "ablation_tasks",
+        "model", "max_length", "budget_length", "batch_size", "head_lr", "train_examples",
+        "eval_examples", "test_examples", "evals", "precision", "ipt_corpus", "jobs", "threads",
+    ]:  # fmt: skip
+        if getattr(args, key) is not None:
+            words += [f"--{key.replace('_', '-')}", str(getattr(args, key))]
+    if mode == "calibrate":
+        words += ["--calibrate", "--calibrate-tasks", args.calibrate_tasks]
+        words += ["--calibrate-steps", args.calibrate_steps, "--margin", str(args.margin)]
+    return shlex.join(words)
+
+
+class ResultStore:
+    """The JSON-lines results file: read once, then one line appended per finished run."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines: list[dict] = []
+        text = path.read_text() if path.is_file() else ""
+        self.cut_short = bool(text) and not text.endswith("\n")  # interrupted mid-line
+        for line in text.splitlines():
+            try:
+                self.lines.append(json.loads(line))
+            except json.JSONDecodeError:  # the line an interruption cut short
+                continue
+
+    def records(self, setting: Setting) -> Records:
+        """The records of ``setting``, by run key."""
+        return records_of(self.lines, setting)
+
+    def append(self, record: dict) -> None:
+        """Write one record to disk before anything else happens."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            if self.cut_short:  # start a new line after the one cut short
+                f.write("\n")
+                self.cut_short = False
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.lines.append(record)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One method's measured costs: a training step, one evaluated example, the rest."""
+
+    step_s: float
+    eval_example_s: float
+    fixed_s: float
+
+
+def fit_timings(records: list[dict]) -> dict[str, Timing]:
+    """Each method's timing, averaged over its finished records."""
+    out = {}
+    for method in METHODS:
+        mine = [r for r in records if r["method"] == method and "evaluated" in r and "step_s" in r]
+        if not mine:
+            continue
+        step = statistics.mean(r["step_s"] for r in mine)
+        per_example = statistics.mean(r["eval_example_s"] for r in mine)
+        fixed = statistics.mean(
+            max(0.0, r["seconds"] - r["steps"] * step - r["evaluated"] * per_example) for r in mine
+        )
+        out[method] = Timing(step, per_example, fixed)
+    return out
+
+
+def predict_seconds(run: Run, timing: Timing, setting: Setting) -> float:
+    """A run's expected seconds: its steps and evaluations at the measured costs, scaled by
+    its sequence length where a DePT variant changes m."""
+    m = dict(run.variant).get("method.prompt_length")
+    scale = (m + setting.max_length) / (DEPT_M + setting.max_length) if m else 1.0
+    every = max(1, run.steps // setting.evals)
+    evals = -(-run.steps // every)
+    examples = evals * setting.eval_examples + setting.test_examples
+    return timing.fixed_s + scale * (run.steps * timing.step_s + examples * timing.eval_example_s)
+
+
+def estimate_wall(
+    runs: list[Run], timings: dict[str, Timing], setting: Setting, jobs: int
+) -> float:
+    """Seconds to train ``runs`` on ``jobs`` workers (their summed time shared evenly)."""
+    return sum(predict_seconds(r, timings[r.method], setting) for r in runs) / max(1, jobs)
+
+
+def timing_table(timings: dict[str, Timing]) -> list[str]:
+    """The measured costs per method (``--estimate``)."""
+    lines = ["| method | s / training step | ms / evaluated example | s / run besides |"]
+    lines.append("|---|---|---|---|")
+    for method, t in timings.items():
+        row = f"{t.step_s:.3f} | {1000 * t.eval_example_s:.1f} | {t.fixed_s:.1f}"
+        lines.append(f"| {method} | {row} |")
     return lines
+
+
+def hours(seconds: float) -> str:
+    """``1 h 05 min`` or ``12 min``."""
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"{minutes} min"
+
+
+class Runner:
+    """The worker pool and the results file: runs what a plan releases, as it releases it."""
+
+    def __init__(self, args, setting: Setting, store: ResultStore, pool, probe_task: str):
+        self.args, self.setting, self.store, self.pool = args, setting, store, pool
+        self.data_dir = args.data_path
+        self.probe_task = probe_task  # prepared for every method
+        self.probed: dict[str, Timing] = {}
+
+    def records(self) -> Records:
+        """The finished runs of this setting."""
+        return self.store.records(self.setting)
+
+    def timings(self) -> dict[str, Timing]:
+        """Measured timings: finished runs' where there are some, else the probe's."""
+        return self.probed | fit_timings(list(self.records().values()))
+
+    def probe(self, plan: Plan) -> None:
+        """Time ``--probe-steps`` of each method not timed yet (not kept in the results)."""
+        missing = [m for m in plan.methods if m not in self.timings()]
+        if not missing:
+            return
+        from fidelity_worker import probe_run  # why: --report runs without torch
+
+        steps = self.args.probe_steps
+        runs = [Run(self.probe_task, m, plan.grid(m)[0], 0, steps) for m in missing]
+        print(f"Timing {self.args.probe_steps} steps of {', '.join(missing)} ...", flush=True)
+        work = [(r, self.setting, self.data_dir) for r in runs]
+        done = self.pool.starmap(probe_run, work, chunksize=1)
+        self.probed |= fit_timings([r for r in done if "error" not in r])
+        for r in (r for r in done if "error" in r):
+            print(f"  probe of {r['label']} failed: {r['error']}")
+
+    def execute(self, release, everything) -> int:
+        """Run what ``release(records)`` returns, again after each result, until nothing is
+        left; append each record as it arrives (``everything(records)``: all the runs, for
+        the progress line). Returns the number of runs that raised."""
+        from fidelity_worker import train_run  # why: --report runs without torch
+
+        results: queue.SimpleQueue = queue.SimpleQueue()
+        submitted, in_flight, errors, start = set(), 0, 0, time.time()
+        while True:
+            for run in release(self.records()):
+                key = run.key(self.setting)
+                if key in submitted or key in self.records():
+                    continue
+                submitted.add(key)
+                in_flight += 1
+                args = (run, self.setting, self.data_dir)
+                self.pool.apply_async(train_run, args, callback=results.put)
+            if not in_flight:
+                return errors
+            record = results.get()
+            in_flight -= 1
+            if "error" in record:
+                errors += 1
+                print(f"  FAILED {record['label']}: {record['error']}", flush=True)
+                continue
+            self.store.append(record | {"session": start})
+            self._progress(record, everything)
+
+    def _progress(self, record: dict, everything) -> None:
+        """One line per finished run, with the time still to go."""
+        records = self.records()
+        everything = everything(records)
+        left = [r for r in everything if r.key(self.setting) not in records]
+        done = len(everything) - len(left)
+        timings = self.timings()
+        eta = estimate_wall(
+            [r for r in left if r.method in timings], timings, self.setting, self.args.jobs
+        )
+        if record.get("failed"):
+            score = f"failed: {record['failed']}"
+        else:
+            score = f"val {100 * record['val']:.1f} test {100 * record['test']:.1f}"
+        print(
+            f"[{done}/{len(everything)}] {record['label']}, {record['steps']} steps: {score} "
+            f"({record['seconds']:.0f} s); about {hours(eta)} to go",
+            flush=True,
+        )
+
+
+def run_benchmark(args, plan: Plan, runner: Runner) -> list[str]:
+    """The three parts, run as their inputs become known; then the report."""
+    everything = full_benchmark(plan, runner.setting, runner.records())
+    left = [r for r in everything if r.key(runner.setting) not in runner.records()]
+    runner.probe(plan)
+    timings = runner.timings()
+    wall = estimate_wall(
+        [r for r in left if r.method in timings], timings, runner.setting, args.jobs
+    )
+    print(
+        f"{len(everything)} runs, {len(everything) - len(left)} finished before; estimated wall "
+        f"time for the {len(left)} left: {hours(wall)} ({args.jobs} workers × {args.threads} "
+        f"thread{'s' * (args.threads > 1)})",
+        flush=True,
+    )
+    if args.estimate:
+        return timing_table(timings)
+    errors = runner.execute(
+        lambda records: benchmark_runs(plan, runner.setting, records), everything
+    )
+    if errors:
+        print(f"{errors} runs raised (not kept): run the same command again to retry them")
+    return benchmark_report(plan, runner.setting, runner.records(), command_line(args))
+
+
+def run_calibration(args, plan: Plan, runner: Runner) -> list[str]:
+    """PT at increasing step counts until it leaves the majority class on every task."""
+    runner.probe(plan)  # every method: the full run's estimate per count
+
+    def full_wall(steps: int) -> float:
+        timings = runner.timings()
+        runs = full_benchmark(replace(plan, steps=steps), runner.setting)
+        runs = [r for r in runs if r.method in timings]
+        return estimate_wall(runs, timings, runner.setting, args.jobs)
+
+    timings, spent = runner.timings(), 0.0
+    for steps in plan.calibrate_steps:
+        spent += estimate_wall(calibration_batch(plan, steps), timings, runner.setting, args.jobs)
+        print(
+            f"  {steps} steps: calibration up to here about {hours(spent)}; the full benchmark "
+            f"at {steps} steps about {hours(full_wall(steps))} ({args.jobs} workers)",
+            flush=True,
+        )
+    everything = [r for s in plan.calibrate_steps for r in calibration_batch(plan, s)]
+    release = lambda records: calibration_runs(plan, runner.setting, records)  # noqa: E731
+    runner.execute(release, lambda records: everything)
+    return calibration_report(
+        plan, runner.setting, runner.records(), full_wall, command_line(args, "calibrate")
+    )
+
+
+def train_and_report(args, plan: Plan, store: ResultStore) -> list[str]:
+    """Prepare the tasks in this process, fork the workers, run the mode."""
+    import fidelity_worker  # why: --report runs without torch
+
+    setting = setting_of(args, fidelity_worker.hidden_size(args.model))
+    data_dir = args.data_path
+    tasks = plan.calibrate_tasks if args.calibrate else _needed_tasks(plan)
+    tasks = tasks[:1] if args.estimate else tasks  # the probe's task only
+    print(f"Preparing {len(tasks)} tasks ({args.model}, s={args.max_length}) ...", flush=True)
+    # every method on the first task (the timing probe's), what the mode trains on the rest
+    fidelity_worker.prepare_tasks(setting, data_dir, tasks[:1], plan.methods)
+    rest = ("PT",) if args.calibrate else plan.methods
+    fidelity_worker.prepare_tasks(setting, data_dir, tasks[1:], rest)
+    init = fidelity_worker.init_worker
+    with mp.get_context("fork").Pool(args.jobs, initializer=init, initargs=(args.threads,)) as pool:
+        runner = Runner(args, setting, store, pool, tasks[0])
+        if args.calibrate:
+            return run_calibration(args, plan, runner)
+        return run_benchmark(args, plan, runner)
+
+
+def _needed_tasks(plan: Plan) -> tuple[str, ...]:
+    """The main tasks, then the curve's and ablations' not among them."""
+    extra = [t for t in plan.curve_tasks + plan.ablation_tasks if t not in plan.tasks]
+    return plan.tasks + tuple(dict.fromkeys(extra))
+
+
+def stored_setting(args, store: ResultStore) -> Setting | None:
+    """The setting of these flags as the results file holds it (d read from a record's
+    budget, so that --report needs no model)."""
+    for line in store.lines:
+        hidden = line.get("setting", {}).get("budget_params", 0) // args.budget_length
+        setting = setting_of(args, hidden)
+        if setting.fingerprint() == line.get("fingerprint"):
+            return setting
+    return None
+
+
+def report_only(args, plan: Plan, store: ResultStore) -> list[str]:
+    """The tables from the results file alone."""
+    setting = stored_setting(args, store)
+    if setting is None:
+        sys.exit(f"error: {args.results} holds no run of this setting (give the run's flags)")
+    records = store.records(setting)
+    if not args.calibrate:
+        return benchmark_report(plan, setting, records, command_line(args))
+    timings = fit_timings(list(records.values()))
+
+    def wall(steps: int) -> float:
+        runs = full_benchmark(replace(plan, steps=steps), setting)
+        return estimate_wall(runs, timings, setting, args.jobs)
+
+    timed = all(m in timings for m in plan.methods)
+    command = command_line(args, "calibrate")
+    return calibration_report(plan, setting, records, wall if timed else None, command)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    plan = plan_of(args)
+    store = ResultStore(args.results.resolve())
+    if args.report:
+        lines = report_only(args, plan, store)
+    else:
+        if not args.data_dir or not Path(args.data_dir).is_dir():
+            sys.exit("error: name the shared data folder with --data-dir or RAYPEFT_SHARED_DATA")
+        args.data_path = Path(args.data_dir).resolve()  # the command line shows it as given
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the pool is terminated on exit
+        lines = train_and_report(args, plan, store)
+    if lines:
+        print("\n" + "\n".join(lines))
+    if lines and args.markdown:
+        args.markdown.write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
