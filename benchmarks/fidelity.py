@@ -33,22 +33,27 @@ the majority class on all three, and prints the full run's estimated wall time p
 Results are appended to a JSON-lines file (``--results``) as runs finish; run the same
 command again after an interruption and it skips the finished runs. ``--report`` prints the
 markdown tables from that file. Before training, a short timing (``--probe-steps`` of each
-method, or the finished runs' own timings) gives the estimated wall time.
+method, or the finished runs' own timings) gives the estimated wall time and the largest step
+count that fits in 2.5 hours; ``--estimate`` prints them (and each method's costs) and exits.
+Two workers of one thread beat one of two threads by ~13% here (evaluation and per-run set-up
+do not scale with threads; docs/fidelity.md).
 
 Where a task has no labelled test split (SST-2 and RTE as GLUE ships them), validation is split
 in half (DePT's rule). Training sets are capped at ``--train-examples`` and validation/test at
 ``--eval-examples``/``--test-examples`` (random subsets, fixed seed): the numbers compare the
 methods at small scale, not the papers' full-data results.
 
-Runs go to ``--jobs`` forked worker processes with ``--threads`` torch threads each (the
-tasks are tokenised and IDPG's encodings computed once, in the parent, before the fork).
-Ray is not used: a fork pool shares the prepared tasks for free and starts in no time.
+Runs go to ``--jobs`` worker processes with ``--threads`` torch threads each; the tasks are
+tokenised and IDPG's encodings computed once, in the parent, and handed to each worker as it
+starts. Ray is not used: a process pool does the same without Ray's start-up (seconds for the
+cluster and for each worker actor) or its object store.
 
 Usage::
 
     python benchmarks/fidelity.py --data-dir ../shared/data --calibrate   # first: the steps
     python benchmarks/fidelity.py --data-dir ../shared/data --steps N     # the benchmark
     python benchmarks/fidelity.py --data-dir ../shared/data --steps N --report
+    python benchmarks/fidelity.py --data-dir ../shared/data --estimate    # the cost only
     python benchmarks/fidelity.py --tiny --data-dir DIR                   # tests: tiny model
 """
 
@@ -82,14 +87,14 @@ from fidelity_plan import (
     full_benchmark,
     records_of,
 )
-from fidelity_report import benchmark_report, calibration_report
+from fidelity_report import TARGET_HOURS, benchmark_report, calibration_report, fits_line
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.jsonl"
 # --steps: a best guess until `--calibrate` has been run on the quiet machine (issue 14)
 FULL = dict(
     model="minilm", max_length=64, budget_length=100, batch_size=16, head_lr=5e-3,
     train_examples=5000, eval_examples=200, test_examples=500, evals=4, steps=300,
-    probe_steps=10, calibrate_steps="150,300,600,1200",
+    probe_steps=10, calibrate_steps="75,150,300,600,1200",
 )  # fmt: skip
 TINY = dict(
     model="tiny-bert", max_length=16, budget_length=100, batch_size=4, head_lr=5e-3,
@@ -329,6 +334,13 @@ class Runner:
         for r in (r for r in done if "error" in r):
             print(f"  probe of {r['label']} failed: {r['error']}")
 
+    def full_wall(self, plan: Plan, steps: int) -> float:
+        """Estimated seconds of the whole benchmark at ``steps``, finished runs included."""
+        timings = self.timings()
+        runs = full_benchmark(replace(plan, steps=steps), self.setting)
+        runs = [r for r in runs if r.method in timings]
+        return estimate_wall(runs, timings, self.setting, self.args.jobs)
+
     def execute(self, release, everything) -> int:
         """Run what ``release(records)`` returns, again after each result, until nothing is
         left; append each record as it arrives (``everything(records)``: all the runs, for
@@ -393,10 +405,12 @@ def run_benchmark(args, plan: Plan, runner: Runner) -> list[str]:
         f"thread{'s' * (args.threads > 1)})",
         flush=True,
     )
+    print(fits_line(lambda steps: runner.full_wall(plan, steps), TARGET_HOURS), flush=True)
     if args.estimate:
         return timing_table(timings)
     errors = runner.execute(
-        lambda records: benchmark_runs(plan, runner.setting, records), everything
+        lambda records: benchmark_runs(plan, runner.setting, records),
+        lambda records: full_benchmark(plan, runner.setting, records),
     )
     if errors:
         print(f"{errors} runs raised (not kept): run the same command again to retry them")
@@ -408,12 +422,10 @@ def run_calibration(args, plan: Plan, runner: Runner) -> list[str]:
     runner.probe(plan)  # every method: the full run's estimate per count
 
     def full_wall(steps: int) -> float:
-        timings = runner.timings()
-        runs = full_benchmark(replace(plan, steps=steps), runner.setting)
-        runs = [r for r in runs if r.method in timings]
-        return estimate_wall(runs, timings, runner.setting, args.jobs)
+        return runner.full_wall(plan, steps)
 
     timings, spent = runner.timings(), 0.0
+    print(fits_line(full_wall, TARGET_HOURS), flush=True)
     for steps in plan.calibrate_steps:
         spent += estimate_wall(calibration_batch(plan, steps), timings, runner.setting, args.jobs)
         print(
@@ -421,6 +433,8 @@ def run_calibration(args, plan: Plan, runner: Runner) -> list[str]:
             f"at {steps} steps about {hours(full_wall(steps))} ({args.jobs} workers)",
             flush=True,
         )
+    if args.estimate:
+        return timing_table(timings)
     everything = [r for s in plan.calibrate_steps for r in calibration_batch(plan, s)]
     release = lambda records: calibration_runs(plan, runner.setting, records)  # noqa: E731
     runner.execute(release, lambda records: everything)
@@ -430,7 +444,7 @@ def run_calibration(args, plan: Plan, runner: Runner) -> list[str]:
 
 
 def train_and_report(args, plan: Plan, store: ResultStore) -> list[str]:
-    """Prepare the tasks in this process, fork the workers, run the mode."""
+    """Prepare the tasks in this process, start the workers, run the mode."""
     import fidelity_worker  # why: --report runs without torch
 
     setting = setting_of(args, fidelity_worker.hidden_size(args.model))
@@ -442,8 +456,11 @@ def train_and_report(args, plan: Plan, store: ResultStore) -> list[str]:
     fidelity_worker.prepare_tasks(setting, data_dir, tasks[:1], plan.methods)
     rest = ("PT",) if args.calibrate else plan.methods
     fidelity_worker.prepare_tasks(setting, data_dir, tasks[1:], rest)
+    # spawned, not forked: a child forked after the parent's torch ran multi-threaded (IDPG's
+    # encodings) hangs in its first multi-threaded step (GNU OpenMP is not fork-safe)
     init = fidelity_worker.init_worker
-    with mp.get_context("fork").Pool(args.jobs, initializer=init, initargs=(args.threads,)) as pool:
+    work = (args.threads, fidelity_worker.TASKS, fidelity_worker.MAJORITY)
+    with mp.get_context("spawn").Pool(args.jobs, initializer=init, initargs=work) as pool:
         runner = Runner(args, setting, store, pool, tasks[0])
         if args.calibrate:
             return run_calibration(args, plan, runner)
@@ -487,6 +504,7 @@ def report_only(args, plan: Plan, store: ResultStore) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the mode the command line names; print (and with --markdown write) its tables."""
     args = parse_args(argv)
     plan = plan_of(args)
     store = ResultStore(args.results.resolve())

@@ -159,7 +159,7 @@ class Plan:
     curve_m: tuple[int, ...]
     ablation_tasks: tuple[str, ...]
     calibrate_tasks: tuple[str, ...] = CALIBRATION_TASKS
-    calibrate_steps: tuple[int, ...] = (150, 300, 600, 1200)
+    calibrate_steps: tuple[int, ...] = (75, 150, 300, 600, 1200)
     margin: float = 0.02  # "left the majority class": val accuracy >= majority + margin
 
     def grid(self, method: str) -> tuple[LearningRate, ...]:

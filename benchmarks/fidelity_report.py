@@ -221,6 +221,7 @@ def benchmark_report(plan: Plan, setting: Setting, records: Records, command: st
         f"s={setting.max_length}, {plan.steps} steps, batch {setting.batch_size}, "
         f"{setting.evals} evaluations per run, train ≤{setting.train_examples}, validation "
         f"≤{setting.eval_examples}, test ≤{setting.test_examples}, precision {setting.precision}"
+        f" ({', '.join(sorted({str(r.get('precision')) for r in ours}))})"
     )
     curve = f"DePT's m against r at the fixed budget (rate chosen for m={DEPT_M})"
     ablations = "Each fix against the old behaviour (at the default's chosen rate)"
@@ -278,7 +279,29 @@ def calibration_report(
         lines.append(
             f"Suggested: --steps {suggested} (the smallest count where PT left it on all)."
         )
+    if estimate:
+        lines += ["", fits_line(estimate, TARGET_HOURS)]
     return [*lines, "", "Calibrated with:", "", "```bash", command, "```"]
+
+
+TARGET_HOURS = 2.5  # issue 14: the benchmark runs in the background in at most this
+
+
+def fits_line(estimate: Callable[[int], float], target_hours: float) -> str:
+    """The largest step count whose full benchmark fits in ``target_hours`` (the estimate
+    is linear in the steps: fixed costs plus steps times the measured step times)."""
+    per_step = (
+        estimate(1100) - estimate(100)
+    ) / 1000  # a run evaluates --evals times at any length
+    base = estimate(100) - 100 * per_step
+    steps = int((3600 * target_hours - base) / per_step) if per_step > 0 else 0
+    if steps < 1:
+        return f"No step count fits the full benchmark in {target_hours:g} h at this setting."
+    return (
+        f"At this setting the full benchmark fits in {target_hours:g} h up to about "
+        f"{steps} steps ({base / 3600:.1f} h of evaluations and set-up, "
+        f"{per_step * 100 / 3600:.2f} h per 100 steps)."
+    )
 
 
 def _verdict_cell(verdict: dict | None) -> str:

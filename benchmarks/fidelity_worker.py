@@ -1,6 +1,6 @@
 """The torch side of the fidelity benchmark: each task prepared once in the parent (tokenised,
 IDPG's sentence encodings, IPT's pretrained table, the majority-class scores), then one run
-trained and scored per call in a forked worker, through raypeft's own training loop."""
+trained and scored per call in a worker process, through raypeft's own training loop."""
 
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ from raypeft.modeling.prompted import TRAINABLE_FILE
 from raypeft.training.datasets import ensure_features, split_dataset
 from raypeft.training.evaluation import evaluate
 from raypeft.training.loop import train
-from raypeft.training.result_keys import FAILURE_KEY
+from raypeft.training.result_keys import FAILURE_KEY, PRECISION_KEY
 
-# filled in the parent before the workers fork: they share the arrays and encodings
+# filled in the parent, then handed to each worker once as it starts
 TASKS: dict[str, TokenizedTask] = {}
 MAJORITY: dict[str, dict[str, dict[str, float]]] = {}
 PROBE_EXAMPLES = 64  # validation/test examples a timing probe evaluates
@@ -76,9 +76,12 @@ def majority_scores(data: TokenizedTask) -> dict[str, dict[str, float]]:
     return out
 
 
-def init_worker(threads: int) -> None:
-    """A worker's torch threads; the parent alone handles Ctrl-C and termination."""
+def init_worker(threads: int, tasks: dict, majority: dict) -> None:
+    """A worker's torch threads and the prepared tasks; the parent alone handles Ctrl-C and
+    termination."""
     torch.set_num_threads(threads)
+    TASKS.update(tasks)
+    MAJORITY.update(majority)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -156,6 +159,7 @@ def _record(run: Run, setting: Setting, data: TokenizedTask, metrics: dict) -> d
         "failed": None,
         "finished_at": time.time(),
     }
+    record["precision"] = metrics.get(PRECISION_KEY)  # what auto resolved to
     if "train_samples_per_s" in metrics:
         record["step_s"] = setting.batch_size / metrics["train_samples_per_s"]
         record["eval_example_s"] = 1 / metrics["eval_samples_per_s"]
