@@ -264,6 +264,7 @@ def calibration_report(
             f"| {steps} | " + " | ".join(cells) + f" | {'yes' if passes else 'no'} | {wall} |"
         )
     runs = len(calibration_batch(plan, 0))
+    lines += ["", *first_left_lines(plan, setting, records)]
     lines += [
         "",
         f"Left = validation accuracy ≥ majority rate + {100 * plan.margin:.0f} points, at the "
@@ -282,6 +283,29 @@ def calibration_report(
     if estimate:
         lines += ["", fits_line(estimate, TARGET_HOURS)]
     return [*lines, "", "Calibrated with:", "", "```bash", command, "```"]
+
+
+def first_left_lines(plan: Plan, setting: Setting, records: Records) -> list[str]:
+    """From each calibration run's validation curve (every evaluation), the first step at
+    which PT's accuracy was past the majority class: a long run answers for shorter counts
+    (with its own, longer schedule: a run that ends there decays its rate sooner)."""
+    lines = []
+    for task in plan.calibrate_tasks:
+        cells = []
+        for steps in plan.calibrate_steps:
+            for lr in plan.grid("PT"):
+                record = records.get(Run(task, "PT", lr, 0, steps).key(setting))
+                if not record or record.get("failed") or "val_curve" not in record:
+                    continue
+                bar = record["majority"]["validation"].get("accuracy", 1.0) + plan.margin
+                # the curve is in accuracy on every classification task
+                first = next((s for s, v in record["val_curve"] if v >= bar), None)
+                curve = ", ".join(f"{s}: {100 * v:.1f}" for s, v in record["val_curve"])
+                where = f"first past it at step {first}" if first else "never past it"
+                cells.append(f"lr {lr} over {steps} steps: {where} ({curve})")
+        if cells:
+            lines.append(f"- {task} (majority + margin {100 * bar:.1f}): " + "; ".join(cells))
+    return lines
 
 
 TARGET_HOURS = 2.5  # issue 14: the benchmark runs in the background in at most this

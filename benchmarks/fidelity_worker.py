@@ -111,11 +111,17 @@ def _train_and_score(run: Run, setting: Setting, data_dir: Path, probe: bool) ->
     start = time.perf_counter()
     cfg = validate_experiment(run_config(setting, run, data_dir), f"fidelity:{run.label()}")
     data = _trimmed(TASKS[run.task], PROBE_EXAMPLES) if probe else TASKS[run.task]
-    kept: dict = {"evals": 0}
+    kept: dict = {"evals": 0, "curve": []}
+    metric = data.spec.primary_metric
+    # the learning curve, in accuracy where the task has it (when a method leaves the majority
+    # class), else in the task's own metric
+    curve_key = "val_accuracy" if "accuracy" in data.spec.metrics else f"val_{metric}"
 
     def report(metrics: dict, folder: Path | None) -> None:
         kept["metrics"] = metrics
         kept["evals"] += FAILURE_KEY not in metrics
+        if curve_key in metrics:
+            kept["curve"].append([metrics["step"], metrics[curve_key]])
         if folder is not None:  # the folder holds the best model so far
             kept["tensors"] = load_file(str(folder / TRAINABLE_FILE))
 
@@ -125,11 +131,11 @@ def _train_and_score(run: Run, setting: Setting, data_dir: Path, probe: bool) ->
     if failure or "tensors" not in kept:
         record["failed"] = failure or "no evaluation reported"
         return record | {"seconds": time.perf_counter() - start}
-    metric = data.spec.primary_metric
     test, model = _score_test(cfg, data, kept["tensors"])
     record.update(
         metric=metric,
         val=best[f"val_{metric}"],
+        val_curve=kept["curve"],
         val_metrics={k[4:]: v for k, v in best.items() if k.startswith("val_")},
         best_step=best["step"],
         test=test[metric],

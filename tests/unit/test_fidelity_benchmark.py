@@ -88,6 +88,8 @@ def test_tiny_benchmark_runs_resumes_and_reports(tmp_path):
     assert ("M-IDPG-PHM", (("train.backbone_dropout", 0),)) in ablated
     assert ("DePT", (("method.prompt_length", 20),)) in ablated
     assert len({r["params"] for r in records if r["method"] == "PT"}) == 1  # one budget
+    # every evaluation's validation score (accuracy where the task has it): the learning curve
+    assert all(len(r["val_curve"]) == 2 and r["val_curve"][-1][0] == 4 for r in records)
 
     # an interruption: the last 5 runs lost, the last kept line cut short
     kept = results.read_text().splitlines()[: len(records) - 5]
@@ -126,6 +128,7 @@ def test_tiny_calibration_reports_the_majority_class_and_a_count(tmp_path):
     assert "the full benchmark at 4 steps about" in out
     assert "| steps | sst2 val acc / majority | mpqa val acc / majority |" in out
     assert "Suggested: --steps" in out or "No step count tried" in out
+    assert "- sst2 (majority + margin" in out and "lr 0.3 over 2 steps: " in out
     runs = _lines(results)
     assert {r["task"] for r in runs} == {"sst2", "mpqa", "mrpc"}
     assert {r["method"] for r in runs} == {"PT"} and {r["steps"] for r in runs} <= {2, 4}
