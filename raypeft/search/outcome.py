@@ -26,7 +26,7 @@ from raypeft.tracking.callback import MLflowTrialCallback
 from raypeft.tracking.registry import Published
 from raypeft.tracking.tags import PARETO_FRONT_TAG
 from raypeft.training.checkpoints import load_checkpoint
-from raypeft.training.datasets import split_dataset
+from raypeft.training.datasets import ensure_features, split_dataset
 from raypeft.training.evaluation import evaluate
 
 
@@ -129,6 +129,7 @@ def score_on_test(cfg: ExperimentConfig, data: TokenizedTask, folder: Path) -> d
     """Evaluate a checkpoint once on the test split (the chosen configuration only)."""
     torch.set_num_threads(os.cpu_count() or 1)
     trial_cfg, model = load_checkpoint(folder, data)
+    ensure_features(data, trial_cfg, ("test",))  # its resolved config may name other keys
     scores = evaluate(
         model,
         split_dataset(data, trial_cfg, "test"),

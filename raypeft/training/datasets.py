@@ -12,18 +12,23 @@ from raypeft.data import TokenizedTask
 from raypeft.modeling.backbones import frozen_backbone
 
 
-def ensure_features(task: TokenizedTask, cfg: ExperimentConfig) -> None:
-    """Compute the method's per-example features the task does not hold yet.
+def ensure_features(
+    task: TokenizedTask, cfg: ExperimentConfig, splits: tuple[str, ...] | None = None
+) -> None:
+    """Compute the method's per-example features the task does not hold yet (of ``splits``,
+    default all).
 
     In a search the driver has computed them once for every trial (see
-    :func:`raypeft.search.run.precompute_features`); this covers direct use (tests, scripts).
+    :func:`raypeft.search.run.precompute_features`); this covers direct use (tests, scripts)
+    and a checkpoint's resolved config, whose feature keys can differ from the driver's (IDPG's
+    ``pooling: auto`` is saved as the pooling it resolved to).
     """
     for spec in cfg.method.feature_specs().values():
-        if spec.key not in task.features:
-            task.features[spec.key] = {
-                split: spec.compute(task.texts[split], arrays, frozen_backbone(cfg.model))
-                for split, arrays in task.splits.items()
-            }
+        held = task.features.setdefault(spec.key, {})
+        for split in splits or tuple(task.splits):
+            if split not in held:
+                arrays = task.splits[split]
+                held[split] = spec.compute(task.texts[split], arrays, frozen_backbone(cfg.model))
 
 
 class ArrayDataset(Dataset):

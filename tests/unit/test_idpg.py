@@ -427,6 +427,33 @@ def test_backbone_encoding_equals_manual_pooled_forward(tiny_model_cfg, tiny_bac
     np.testing.assert_allclose(out, expected.numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_a_checkpoints_resolved_pooling_gets_its_features(tiny_model_cfg):
+    """A checkpoint saves ``pooling: auto`` as the pooling it resolved to: another feature key
+    than the driver computed. ensure_features computes it for the splits asked (the test
+    split, to score the chosen trial) and leaves the others alone."""
+    from raypeft.training.datasets import ensure_features, split_dataset
+
+    arrays = {k: v.numpy() for k, v in _token_arrays().items()}
+    arrays["labels"] = np.zeros(5, dtype=np.int64)
+    task = TokenizedTask(
+        spec=TaskSpec(name="t", text_column="text", num_labels=2),
+        label_names=["a", "b"],
+        splits={"train": arrays, "validation": arrays, "test": arrays},
+        texts={split: [""] * 5 for split in ("train", "validation", "test")},
+    )
+    cfg = ExperimentConfig(name="x", model=tiny_model_cfg, method=IDPGConfig(**SMALL))
+    ensure_features(task, cfg)  # as the driver: the key of `auto`
+    saved = cfg.model_copy(update={"method": cfg.method.model_copy(update={"pooling": "first"})})
+    (auto_key,) = task.features
+    ensure_features(task, saved, ("test",))
+    (first_key,) = set(task.features) - {auto_key}
+    assert list(task.features[first_key]) == ["test"]
+    np.testing.assert_array_equal(  # `auto` is `first` on this BERT
+        split_dataset(task, saved, "test").features["sentence"],
+        task.features[auto_key]["test"],
+    )
+
+
 # ----------------------------------------------------------------------------- pooling: auto
 
 
