@@ -124,6 +124,16 @@ class MethodConfig(MethodConfigBase):
     def check_backbone(self, dims: BackboneDims) -> None:
         """Raise ``ValueError`` (one line) if the method cannot run on this backbone."""
 
+    def pack_limitation(self, kind: BackboneKind) -> str | None:
+        """Why this config cannot train in a pack on a ``kind`` backbone (several trials in one
+        forward pass: :mod:`raypeft.modeling.packed`), or None when it can. A method packs when
+        all it does to the backbone goes through :meth:`PromptMethod.prepare_inputs` (its
+        keyword inputs: ``inputs_embeds``, ``attention_mask``, ``token_type_ids``,
+        ``past_key_values``) and :meth:`PromptMethod.layer_prompt`: every built-in method
+        does. A method that changes the backbone otherwise (hooks or weights of its own) says
+        why here."""
+        return None
+
     def prompt_positions(self) -> int:
         """Positions this (resolved) config prepends to every input: its prompt tokens, 0 if
         it prepends none (e.g. keys and values only). Before anything starts, preflight checks

@@ -161,15 +161,21 @@ class PromptedModel(nn.Module):
         if (scoring or self.seq2seq_scoring) == "rank" and self.verbalizers is not None:
             targets = verbalizer_ids(self.tokenizer, self.verbalizers)
             return rank_predictions(self.backbone, kwargs, targets, self.precision)
-        longest = (
-            8
-            if self.verbalizers is None
-            else max(len(self.tokenizer(v)["input_ids"]) for v in self.verbalizers)
-        )
         with autocast(self.precision, input_ids.device):
             generated = self.backbone.generate(
-                **kwargs, max_new_tokens=longest + 1, do_sample=False, num_beams=1
+                **kwargs, max_new_tokens=self.new_tokens(), do_sample=False, num_beams=1
             )
+        return self.generated_predictions(generated)
+
+    def new_tokens(self) -> int:
+        """Seq2seq: how many tokens :meth:`predict` generates, the longest label's plus one
+        (8 plus one for numbers)."""
+        if self.verbalizers is None:
+            return 9
+        return max(len(self.tokenizer(v)["input_ids"]) for v in self.verbalizers) + 1
+
+    def generated_predictions(self, generated: torch.Tensor) -> np.ndarray:
+        """Seq2seq: the sequences ``generate`` wrote, as :meth:`predict` returns them."""
         texts = [
             t.strip() for t in self.tokenizer.batch_decode(generated, skip_special_tokens=True)
         ]

@@ -7,6 +7,7 @@ machine with only torch, transformers and pydantic.
 as tensors, the method's features) · ``sampler`` (global batches, shared by DDP workers) ·
 ``optimizer`` (AdamW per parameter group, warm-up schedule) · ``evaluation`` (metrics of a split,
 which evaluation is the best) · ``checkpoints`` (what a reported checkpoint holds) · ``resume``
-(resumable state) · ``distributed`` (what DDP workers agree on) · ``efficiency`` (throughput,
-memory) · ``result_keys`` (result keys that are not metrics).
+(resumable state) · ``distributed`` (what DDP workers agree on) · ``pack`` (several trials on
+one backbone, one forward pass for all) · ``efficiency`` (throughput, memory) · ``result_keys``
+(result keys that are not metrics).
 """

@@ -40,9 +40,11 @@ class PeakMemory:
 class TrialMeter:
     """A trial's wall time (from its start) and peak memory (sampled after every step)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, memory: PeakMemory | None = None):
         self.started = time.perf_counter()
-        self.memory = PeakMemory(device)
+        # the trials of a pack share their process, and so its memory: one PeakMemory for all
+        # (a new one resets CUDA's peak, which the other members are measuring)
+        self.memory = memory or PeakMemory(device)
 
     def sample_memory(self) -> None:
         """Sample memory after a step (CPU: RSS; CUDA keeps its own peak)."""

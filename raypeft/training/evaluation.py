@@ -41,10 +41,23 @@ def evaluate(
         labels.append(y.cpu().numpy())
     elapsed = time.perf_counter() - start
     model.train(was_training)
+    return split_metrics(metric_names, outputs, labels, loss_sum, elapsed)
+
+
+def split_metrics(
+    metric_names: tuple[str, ...],
+    outputs: list[np.ndarray],
+    labels: list[np.ndarray],
+    loss_sum: float,
+    seconds: float,
+) -> dict[str, float]:
+    """The metrics of one split from its batches' predictions and labels, the sum of their
+    losses weighted by batch size, and the time they took (a pack's members evaluate in one
+    pass each: :mod:`raypeft.training.pack`)."""
     y_all = np.concatenate(labels)
     metrics = compute_metrics(metric_names, np.concatenate(outputs), y_all)
     metrics["loss"] = loss_sum / len(y_all)
-    metrics["samples_per_s"] = len(y_all) / elapsed
+    metrics["samples_per_s"] = len(y_all) / seconds
     return metrics
 
 

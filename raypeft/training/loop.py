@@ -21,6 +21,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask
 from raypeft.modeling.build import build_model
 from raypeft.modeling.precision import resolve_precision
+from raypeft.modeling.prompted import PromptedModel
 from raypeft.training.checkpoints import restore_trial, write_trial_checkpoint
 from raypeft.training.datasets import ensure_features, split_dataset, to_device
 from raypeft.training.distributed import finite_everywhere, mean_over_workers
@@ -76,12 +77,12 @@ def train(
 
     losses: list[float] = []  # training losses since the last evaluation
     trained.train()
-    for batch in _batches_from(loop, sampler, loader, cfg.train.max_steps):
+    for batch in batches_from(loop, sampler, loader, cfg.train.max_steps):
         start = time.perf_counter()
         batch = to_device(batch, device)
         loss = trained(**batch).loss
         if not finite_everywhere(loss, world_size):
-            report(_diverged(loss, loop.step), None)  # ends the trial; Ray does not retry it
+            report(diverged_result(loss, loop.step), None)  # ends the trial; Ray does not retry it
             return loop.best
         optimizer_step(loss, model, optimizer, scheduler, cfg.train.max_grad_norm, scaler)
         loop.count_step(len(batch["labels"]) * world_size, time.perf_counter() - start)
@@ -89,25 +90,44 @@ def train(
         losses.append(loss.item())
         if loop.step % cfg.train.eval_every == 0 or loop.step == cfg.train.max_steps:
             val = evaluate(model, val_set, task.spec.metrics, cfg.train.eval_batch_size, device)
-            if target.improves(val, loop.best):
-                loop.keep_best(best_record(val, loop.step), model.trainable_state_dict())
             train_loss = mean_over_workers(float(np.mean(losses)), world_size)
-            metrics = evaluation_metrics(target, val, loop.best, train_loss, loop.step)
-            metrics["epoch"] = (loop.step - 1) // sampler.per_epoch
-            metrics.update(meter.metrics(loop, val, model))
-            metrics[PRECISION_KEY] = precision
-            if loop.resumed_from is not None:
-                metrics[RESUMED_KEY] = loop.resumed_from
+            metrics = evaluation_result(
+                val, train_loss, loop, target, sampler.per_epoch, meter, model, precision
+            )
             losses = []
-            with _checkpoint_folder(rank) as folder:
+            with checkpoint_folder(rank) as folder:
                 if folder is not None:
                     write_trial_checkpoint(folder, model, cfg, task, optimizer, scheduler, loop)
                 report(metrics, folder)
     return loop.best
 
 
+def evaluation_result(
+    val: dict[str, float],
+    train_loss: float,
+    loop: LoopState,
+    target: TargetMetric,
+    per_epoch: int,
+    meter: TrialMeter,
+    model: PromptedModel,
+    precision: str,
+) -> dict:
+    """What a trial reports after an evaluation (``val``: its validation metrics), the best
+    evaluation kept in ``loop`` first. Shared by :func:`train` and the members of a pack
+    (:mod:`raypeft.training.pack`), whose reports are those of a trial trained alone."""
+    if target.improves(val, loop.best):
+        loop.keep_best(best_record(val, loop.step), model.trainable_state_dict())
+    metrics = evaluation_metrics(target, val, loop.best, train_loss, loop.step)
+    metrics["epoch"] = (loop.step - 1) // per_epoch
+    metrics.update(meter.metrics(loop, val, model))
+    metrics[PRECISION_KEY] = precision
+    if loop.resumed_from is not None:
+        metrics[RESUMED_KEY] = loop.resumed_from
+    return metrics
+
+
 @contextmanager
-def _checkpoint_folder(rank: int) -> Iterator[Path | None]:
+def checkpoint_folder(rank: int = 0) -> Iterator[Path | None]:
     """A temporary folder for the trial's checkpoint on rank 0 (one copy is enough: DDP keeps
     the workers' models equal); ``None`` on the other workers."""
     if rank != 0:
@@ -117,7 +137,7 @@ def _checkpoint_folder(rank: int) -> Iterator[Path | None]:
         yield Path(folder)
 
 
-def _batches_from(
+def batches_from(
     loop: LoopState, sampler: GlobalBatchSampler, loader: DataLoader, steps: int
 ) -> Iterator[dict]:
     """Batches from the loop's step on, epoch after epoch, until it has taken ``steps``."""
@@ -129,7 +149,7 @@ def _batches_from(
                 return
 
 
-def _diverged(loss: torch.Tensor, step: int) -> dict:
+def diverged_result(loss: torch.Tensor, step: int) -> dict:
     """The result that ends a trial whose loss became NaN or infinite at step ``step + 1``."""
     return {
         FAILURE_KEY: f"NonFiniteLossError: the training loss became "

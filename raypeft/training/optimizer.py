@@ -62,6 +62,20 @@ def optimizer_step(
     scaler = scaler or torch.amp.GradScaler(enabled=False)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
+    return apply_gradients(model, optimizer, scheduler, max_grad_norm, scaler)
+
+
+def apply_gradients(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    max_grad_norm: float | None,
+    scaler: torch.amp.GradScaler,
+) -> bool:
+    """What follows the backward pass of :func:`optimizer_step`: clip ``model``'s gradients
+    (when set), step optimizer and schedule. A pack of trials (:mod:`raypeft.training.pack`)
+    calls it per member after one backward pass for all, so each member clips its own
+    gradients with its own norm. Returns whether the optimizer stepped."""
     if max_grad_norm:
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
         torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)

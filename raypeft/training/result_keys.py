@@ -18,3 +18,11 @@ WORKER_KEYS = ("worker_node_id", "worker_node_ip", "worker_pid")
 # device (auto -> bf16 or fp32); logged as the param PRECISION_PARAM of the trial's MLflow run.
 PRECISION_KEY = "precision_resolved"
 PRECISION_PARAM = "train.precision_resolved"
+
+# A trial trained in a pack (raypeft.training.pack) reports, beside what it reports alone: the
+# pack's id (not a metric), how many trials the pack held at that evaluation, and the share of
+# the pack's prompt slots that were padding over its steps so far (members whose prompts
+# differ in length are padded to the longest: raypeft.modeling.packed.PackShape).
+PACK_ID_KEY = "pack_id"
+PACK_SIZE_KEY = "pack_size"
+PACK_PADDING_KEY = "pack_padding_waste"

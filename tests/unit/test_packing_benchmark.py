@@ -1,0 +1,52 @@
+"""benchmarks/packing.py runs where only torch, transformers, pydantic and raypeft's training
+core are installed (the GPU machines): on the CPU, at a tiny setting, with Ray, MLflow, Optuna
+and datasets made unimportable in the benchmark's process and in the processes it starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "packing.py"
+ABSENT_ON_GPU_MACHINES = ("ray", "mlflow", "optuna", "datasets")
+
+
+def _blocked_packages(folder: Path) -> Path:
+    """Packages named like the absent ones whose import fails: first on the path, they hide
+    the installed ones in every process started with it."""
+    for name in ABSENT_ON_GPU_MACHINES:
+        (folder / name).mkdir(parents=True)
+        (folder / name / "__init__.py").write_text(
+            f"raise ImportError('{name} is absent on the GPU machines')\n"
+        )
+    return folder
+
+
+def test_packing_benchmark_prints_packed_against_separate_trials(tmp_path):
+    blocked = _blocked_packages(tmp_path / "blocked")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked), str(REPO)])}
+    args = ["--tiny", "--methods", "pt", "--ks", "1,2", "--steps", "2", "--warmup", "1"]
+    args += ["--batch-size", "4", "--seq-len", "16", "--precision", "fp32"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = [
+        [cell.strip() for cell in line.split("|")[1:-1]]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| tiny ")
+    ]
+    assert [(r[1], r[2], r[3]) for r in rows] == [("pt", "fp32", "1"), ("pt", "fp32", "2")]
+    for row in rows:
+        step_ms, pack_h, separate_h = (float(c.replace(",", "")) for c in row[4:7])
+        assert step_ms > 0 and pack_h > 0 and separate_h > 0, row
+        assert row[7].endswith("×") and row[10].endswith("×"), row  # trials/h and memory ratios
+    assert rows[0][11] == "-" and rows[1][11] != "-"  # what the second member adds
