@@ -399,6 +399,48 @@ class ResourcesConfig(_Strict):
         description="auto: single-worker trials train inside the Tune trainable (faster, see "
         "README), multi-worker trials in a Ray Train TorchTrainer, on CPU or GPU alike",
     )
+    trials_per_worker: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="K > 1: trials train in packs of up to K on one worker, sharing its frozen "
+        "backbone (one fused forward and backward pass per step); each is still its own trial "
+        "(Optuna trial, MLflow run, checkpoint, scheduler decision) and asks Ray for 1/K of a "
+        "worker's CPUs and GPUs (docs/packing.md). Single-worker trials only",
+    )
+
+    @field_validator("trials_per_worker")
+    @classmethod
+    def _packs_are_single_worker(cls, value: int, info: ValidationInfo) -> int:
+        # a pack is one process on one device: DDP workers, Ray Train and several GPUs
+        # per worker cannot hold one
+        if value == 1:
+            return value
+        workers = info.data.get("workers_per_trial", 1)
+        if workers > 1:
+            raise ValueError(
+                "a pack is one process on one device, so `trials_per_worker == 1` must hold "
+                f"with workers_per_trial={workers} (DDP trials do not pack), but got {value}"
+            )
+        if info.data.get("trial_runner") == "ray_train":
+            raise ValueError(
+                "packed trials train in their worker's process, so `trials_per_worker == 1` "
+                f"must hold with trial_runner: ray_train, but got {value}; use auto or in_process"
+            )
+        gpus = info.data.get("gpus_per_worker", 0)
+        if gpus > 1:
+            raise ValueError(
+                "a pack trains on one device, so `gpus_per_worker <= 1` must hold with "
+                f"trials_per_worker={value}, but got gpus_per_worker={gpus:g}"
+            )
+        cpus = info.data.get("cpus_per_worker", 1)
+        if min(cpus / value, gpus / value if gpus else 1) < 1e-4:
+            raise ValueError(
+                "each trial of a pack asks Ray for 1/trials_per_worker of a worker's CPUs and "
+                "GPUs, so that share must be >= 0.0001 (Ray's smallest amount), but got "
+                f"cpus_per_worker={cpus:g}, gpus_per_worker={gpus:g}, trials_per_worker={value}"
+            )
+        return value
 
     @field_validator("gpus_per_worker")
     @classmethod

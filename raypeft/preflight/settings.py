@@ -15,6 +15,7 @@ from raypeft.config.messages import format_validation_error
 from raypeft.config.schema import ExperimentConfig, apply_trial_params, space_candidates
 from raypeft.errors import ConfigError
 from raypeft.methods.base import MethodConfig
+from raypeft.modeling.packed import packable
 from raypeft.preflight.model import CheckedModel, check_positions
 
 # Up to this many combinations of the searched keys' values are checked one by one.
@@ -43,6 +44,18 @@ def _check_one(method: MethodConfig, cfg: ExperimentConfig, model: CheckedModel)
     resolved.check_backbone(model.dims)
     check_positions(resolved.prompt_positions(), cfg.model, model)
     resolved.check_inputs()
+    if cfg.resources.trials_per_worker > 1:
+        _check_packable(resolved, model)
+
+
+def _check_packable(method: MethodConfig, model: CheckedModel) -> None:
+    """Packed trials (``resources.trials_per_worker > 1``) need a method that packs."""
+    problem = packable(method, model.dims.kind)
+    if problem is not None:
+        raise ValueError(
+            f"resources.trials_per_worker: method {method.name!r} cannot train in a pack on a "
+            f"{model.dims.kind} backbone ({problem}); set trials_per_worker: 1"
+        )
 
 
 def _settings(cfg: ExperimentConfig, source: str) -> Iterator[tuple[str, MethodConfig]]:

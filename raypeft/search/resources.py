@@ -49,6 +49,22 @@ def worker_request(cfg: Any) -> dict[str, float]:
     return {"CPU": float(res.cpus_per_worker), "GPU": res.gpus}
 
 
+def trial_request(cfg: Any) -> dict[str, float]:
+    """What one in-process trial asks Ray for: a worker's request, or, in packs of
+    ``resources.trials_per_worker`` = K, its 1/K share (the pack's K trials hold the worker's
+    resources together; :mod:`raypeft.search.packs`)."""
+    request = worker_request(cfg)
+    packed = cfg.resources.trials_per_worker
+    if packed == 1:
+        return request
+    return {name: amount / packed for name, amount in request.items()}
+
+
+def trials_on(node: dict[str, float], cfg: Any) -> int:
+    """How many single-worker trials of ``cfg`` (packed ones: their shares) one node holds."""
+    return _workers_on(node, trial_request(cfg))
+
+
 def ray_train_scaling(cfg: Any) -> dict[str, Any]:
     """``ray.train.ScalingConfig`` arguments of a Ray Train trial: each worker's CPUs and
     (fractional) GPUs; Ray Train wants ``use_gpu`` to agree with a ``GPU`` amount."""
@@ -74,7 +90,8 @@ def trials_at_once(cfg: Any, nodes: list[dict[str, float]]) -> int:
     """How many trials ``nodes`` run at the same time (0: not even one); at most
     ``search.max_concurrent`` when that is set."""
     slots = sum(_workers_on(n, worker_request(cfg)) for n in nodes)
-    fits = slots // cfg.resources.workers_per_trial
+    # packs of K: K trials per worker (a remainder too small for a worker holds no pack)
+    fits = slots // cfg.resources.workers_per_trial * cfg.resources.trials_per_worker
     limit = cfg.search.max_concurrent
     return min(fits, limit) if limit else fits
 
@@ -90,6 +107,11 @@ def describe_placement(cfg: Any, at_once: int, where: str = "") -> str:
     sharing = ""
     if 0 < res.gpus < 1:
         sharing = f": {math.floor(1 / res.gpus + _EPS)} trials share a GPU"
+    if res.trials_per_worker > 1:  # a pack holds a worker's resources; each trial 1/K of them
+        packs = f"packs of {res.trials_per_worker} trials on one backbone"
+        return f"{at_once} at a time{where} ({packs}, each pack {each}" + (
+            sharing.replace("trials", "packs") + ")"
+        )
     return f"{at_once} at a time{where} (each {each}{sharing})"
 
 

@@ -28,6 +28,7 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 from raypeft.config.schema import ExperimentConfig
 from raypeft.methods import BackboneDims
 from raypeft.search.interrupts import TuneSignals, raise_if_interrupted
+from raypeft.search.packs import open_packs, packed_trainable
 from raypeft.search.resources import trials_at_once
 from raypeft.search.searcher import (
     Constraints,
@@ -174,28 +175,42 @@ class TuneRunner:
         checkpoints."""
         callbacks = self.callbacks(num_samples)
         path = experiment_path(self.cfg, name)
-        if self.resume and tune.Tuner.can_restore(path):
-            tuner = tune.Tuner.restore(
-                path,
-                trainable=trainable_for(self.cfg, self.data_ref),
-                resume_unfinished=True,
-                resume_errored=False,  # they failed for good (out of retries)
-            )
-            # Tuner.restore brings back the callbacks pickled when the search started, and Ray
-            # 2.60 takes no new ones; the resumed search must log through this process's
-            # tracker (it knows the runs adopted from MLflow). Tune then restores their saved
-            # state. Private attribute: tests/integration/test_faults.py covers it.
-            tuner._local_tuner.get_run_config().callbacks = callbacks
-        else:
-            tuner = self._new_tuner(name, make_searcher(), make_scheduler(), num_samples, callbacks)
-        results = tuner.fit()
+        # resources.trials_per_worker > 1: this experiment's pack servers, ended with it
+        with open_packs(self.cfg, self.data_ref) as packs:
+            trainable = self._trainable(packs)
+            if self.resume and tune.Tuner.can_restore(path):
+                tuner = tune.Tuner.restore(
+                    path,
+                    trainable=trainable,
+                    resume_unfinished=True,
+                    resume_errored=False,  # they failed for good (out of retries)
+                )
+                # Tuner.restore brings back the callbacks pickled when the search started, and
+                # Ray 2.60 takes no new ones; the resumed search must log through this
+                # process's tracker (it knows the runs adopted from MLflow). Tune then restores
+                # their saved state. Private attribute: tests/integration/test_faults.py
+                # covers it.
+                tuner._local_tuner.get_run_config().callbacks = callbacks
+            else:
+                tuner = self._new_tuner(
+                    name, trainable, make_searcher(), make_scheduler(), num_samples, callbacks
+                )
+            results = tuner.fit()
         raise_if_interrupted()  # Tune stopped its loop on Ctrl-C: its results are partial
         return results
 
-    def _new_tuner(self, name, search_alg, trial_scheduler, num_samples, callbacks) -> tune.Tuner:
+    def _trainable(self, packs):
+        """Each trial's trainable: packed (a member of a pack of ``packs``) or on its own."""
+        if packs is None:
+            return trainable_for(self.cfg, self.data_ref)
+        return packed_trainable(self.cfg, self.data_ref, packs)
+
+    def _new_tuner(
+        self, name, trainable, search_alg, trial_scheduler, num_samples, callbacks
+    ) -> tune.Tuner:
         cfg = self.cfg
         return tune.Tuner(
-            trainable_for(cfg, self.data_ref),
+            trainable,
             tune_config=tune.TuneConfig(
                 search_alg=search_alg,
                 scheduler=trial_scheduler,

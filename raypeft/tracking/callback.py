@@ -51,6 +51,9 @@ from raypeft.tracking.tags import (
 )
 from raypeft.training.result_keys import (
     FAILURE_KEY,
+    PACK_ID_KEY,
+    PACK_PADDING_KEY,
+    PACK_SIZE_KEY,
     PRECISION_KEY,
     PRECISION_PARAM,
     RESUMED_KEY,
@@ -114,10 +117,11 @@ def start_parent_run(
 def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
     """The training metrics of a Tune result (Tune's own bookkeeping keys left out)."""
     keep = ("val_", "best_val_", "train_", "test_")
+    packed = (PACK_SIZE_KEY, PACK_PADDING_KEY)  # a packed trial's pack, at each evaluation
     return {
         k: float(v)
         for k, v in result.items()
-        if (k.startswith(keep) or k in EFFICIENCY_METRICS)
+        if (k.startswith(keep) or k in EFFICIENCY_METRICS or k in packed)
         and isinstance(v, (int, float))
         and math.isfinite(v)
     }
@@ -338,8 +342,10 @@ class MLflowTrialCallback(Callback):
         self.client.log_batch(run_id, metrics=metrics)
 
     def _tag_worker(self, trial_id: str, run_id: str, result: dict) -> None:
-        """Tag where the trial trains (node id, IP, pid); again when a restart moved it."""
-        where = {k: str(result[k]) for k in (*WORKER_KEYS, RESUMED_KEY) if k in result}
+        """Tag where the trial trains (node id, IP, pid; a packed trial's pack id); again
+        when a restart moved it."""
+        keys = (*WORKER_KEYS, RESUMED_KEY, PACK_ID_KEY)
+        where = {k: str(result[k]) for k in keys if k in result}
         if where and self._worker_tags.get(trial_id) != where:
             self._worker_tags[trial_id] = where
             self.client.log_batch(run_id, tags=[RunTag(result_tag(k), v) for k, v in where.items()])

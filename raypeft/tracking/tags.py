@@ -39,6 +39,9 @@ ERROR_TAG = "raypeft.error"  # why the trial failed (one line, credentials redac
 STOPPED_EARLY_TAG = "raypeft.stopped_early"  # "true" when the scheduler stopped the trial
 RESTARTS_TAG = "raypeft.restarts"  # how often Ray restarted the trial after a failure
 PARETO_FRONT_TAG = "raypeft.pareto_front"  # "true" on trials of a multi-objective front
+# a trial trained in a pack (resources.trials_per_worker > 1): the pack's id (result_tag of
+# raypeft.training.result_keys.PACK_ID_KEY); its size and padding waste are metrics
+PACK_ID_TAG = "raypeft.pack_id"
 
 # ----------------------------------------------------------------------------- models
 PYFUNC_NAME = "pyfunc"  # a trial's logged model (runs:/<trial run id>/pyfunc)

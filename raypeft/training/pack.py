@@ -23,7 +23,7 @@ also the same ``train.seed``); DDP trials do not pack.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -259,11 +259,13 @@ class Pack:
         self.slots[member.slot] = None
         return member
 
-    def step(self) -> dict[str, dict]:
+    def step(self, keys: Collection[str] | None = None) -> dict[str, dict]:
         """One training step of every member with steps left, in one pass through the backbone.
         Returns the failure result of each member whose loss became NaN or infinite (it took no
-        step): report it and remove the member, its trial has ended as it ends alone."""
-        members = [m for m in self.members if not m.finished]
+        step): report it and remove the member, its trial has ended as it ends alone.
+        ``keys``: only these members step (the others wait, e.g. for their trial's scheduler
+        to accept their last report: :mod:`raypeft.training.pack_host`)."""
+        members = [m for m in self.members if not m.finished and (keys is None or m.key in keys)]
         if not members:
             return {}
         batches = [to_device(next(m.batches), self.device) for m in members]
