@@ -46,31 +46,26 @@ def histories(client, run) -> dict[str, list[tuple[int, float]]]:
     }
 
 
-def test_a_packed_search_matches_its_unpacked_twin_run_for_run(tmp_path):
-    sections = {
-        "train": {"max_steps": 8, "eval_every": 4, "precision": "fp32", "num_threads": 1},
-        # two prompt lengths: members of one pack are padded to the longer
-        "space": {"method.prompt_length": {"grid": [2, 6]}},
-        "search": {"num_samples": 4, "sampler": "grid", "scheduler": {"type": "none"}},
-    }
-    alone = search(tmp_path, "alone", {"cpus_per_worker": 1}, **sections)
-    packed = search(tmp_path, "packed", {"cpus_per_worker": K, "trials_per_worker": K}, **sections)
+def by_config(cwd: Path) -> dict[tuple, tuple]:
+    """The search's trial runs by configuration: ``{(lr_prompt, prompt_length): (client, run)}``."""
+    client, _, kids = parent_and_kids(cwd)
+    assert len(kids) == 4 and all(k.info.status == "FINISHED" for k in kids)
+    key = ("method.lr_prompt", "method.prompt_length")
+    return {tuple(k.data.params[p] for p in key): (client, k) for k in kids}
 
-    def by_config(cwd: Path) -> dict[tuple, tuple]:
-        client, _, kids = parent_and_kids(cwd)
-        assert len(kids) == 4 and all(k.info.status == "FINISHED" for k in kids)
-        key = ("method.lr_prompt", "method.prompt_length")
-        return {tuple(k.data.params[p] for p in key): (client, k) for k in kids}
 
+def assert_twins(alone: Path, packed: Path) -> None:
+    """Run for run, the same params and metrics at every evaluation (MLflow) and the same
+    values (Optuna); the packed runs carry their pack's id, size and padding waste."""
     runs_alone, runs_packed = by_config(alone), by_config(packed)
     assert runs_alone.keys() == runs_packed.keys()
     for config, (client, run) in runs_alone.items():
-        _, twin = runs_packed[config]
+        twin_client, twin = runs_packed[config]
         differ = {k for k in run.data.params if k.startswith("resources.")}
         assert {k: v for k, v in run.data.params.items() if k not in differ} == {
             k: v for k, v in twin.data.params.items() if k not in differ
         }
-        want, got = histories(client, run), histories(client, twin)
+        want, got = histories(client, run), histories(twin_client, twin)
         compared = [m for m in want if not any(part in m for part in NOT_COMPARED)]
         assert "val_accuracy" in compared and "train_loss" in compared
         assert [s for s, _ in want["val_accuracy"]] == [4, 8]
@@ -85,19 +80,33 @@ def test_a_packed_search_matches_its_unpacked_twin_run_for_run(tmp_path):
         assert {v for _, v in got["pack_size"]} <= {1.0, 2.0}
         assert 0 <= twin.data.metrics["pack_padding_waste"] < 1
 
-    # Optuna: one trial per configuration, the same values
-    def values(cwd: Path) -> dict[tuple, float]:
-        trials = study(cwd).trials
-        assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
-        return {
-            (str(t.params["method.lr_prompt"]), str(t.params["method.prompt_length"])): t.value
-            for t in trials
-        }
-
-    want_values, got_values = values(alone), values(packed)
+    want_values, got_values = optuna_values(alone), optuna_values(packed)
     assert want_values.keys() == got_values.keys()
     for config, value in want_values.items():
         assert got_values[config] == pytest.approx(value, rel=1e-4), config
+
+
+def optuna_values(cwd: Path) -> dict[tuple, float]:
+    """One complete Optuna trial per configuration, and its value."""
+    trials = study(cwd).trials
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 4
+    return {
+        (str(t.params["method.lr_prompt"]), str(t.params["method.prompt_length"])): t.value
+        for t in trials
+    }
+
+
+def test_a_packed_search_matches_its_unpacked_twin_run_for_run(tmp_path):
+    sections = {
+        "train": {"max_steps": 8, "eval_every": 4, "precision": "fp32", "num_threads": 1},
+        # two prompt lengths: members of one pack are padded to the longer
+        "space": {"method.prompt_length": {"grid": [2, 6]}},
+        "search": {"num_samples": 4, "sampler": "grid", "scheduler": {"type": "none"}},
+    }
+    alone = search(tmp_path, "alone", {"cpus_per_worker": 1}, **sections)
+    packed = search(tmp_path, "packed", {"cpus_per_worker": K, "trials_per_worker": K}, **sections)
+
+    assert_twins(alone, packed)
 
 
 def test_asha_stops_members_and_the_next_configurations_take_their_slots(tmp_path):
