@@ -41,6 +41,7 @@ from transformers import DynamicCache, PreTrainedModel
 from raypeft.methods import MethodConfig
 from raypeft.methods.base import BackboneKind
 from raypeft.modeling.backbones import transformer_layers
+from raypeft.modeling.dropout import set_dropout_rate, trains_with_dropout
 from raypeft.modeling.precision import autocast
 from raypeft.modeling.prompted import PromptedModel, PromptedOutput, head_loss
 
@@ -162,11 +163,21 @@ class PackedBackbone(nn.Module):
     and its transformer layers get the hooks that insert each member's layer prompts.
     """
 
-    def __init__(self, model: PreTrainedModel, kind: BackboneKind, precision: str = "fp32"):
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        kind: BackboneKind,
+        precision: str = "fp32",
+        backbone_dropout: float | str = "config",
+    ):
         super().__init__()
         self.backbone = model
         self.kind = kind
         self.precision = precision
+        # the members' train.backbone_dropout: one backbone runs one dropout for all of them
+        self.backbone_dropout = backbone_dropout
+        if isinstance(backbone_dropout, float) and trains_with_dropout(backbone_dropout):
+            set_dropout_rate(model, backbone_dropout)
         self._heads = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
         self._frozen = _shared_tensors(model)
         self._placements: list[_Placement] | None = None
@@ -179,14 +190,19 @@ class PackedBackbone(nn.Module):
         for index, layer in enumerate(transformer_layers(model)):
             if index > 0:  # layer 0's prompt is prepended by prepare_inputs
                 layer.register_forward_pre_hook(self._layer_hook(index), with_kwargs=True)
+        self.train()
 
     def _current(self) -> list[_Placement] | None:
         return self._placements
 
     def train(self, mode: bool = True) -> PackedBackbone:
-        # frozen: always in eval mode, as PromptedModel keeps its backbone
+        # as PromptedModel.train: training mode reaches the frozen backbone only to run its
+        # dropout (the members' backbone_dropout); 0 keeps it in eval mode. A fused batch
+        # draws its masks as one from the process's generator, so with dropout on a member
+        # sees other masks than alone (the same rate): packs are exact with dropout off.
         super().train(mode)
-        self.backbone.eval()
+        if not trains_with_dropout(self.backbone_dropout):
+            self.backbone.eval()
         return self
 
     def check_member(self, model: PromptedModel) -> None:
@@ -197,6 +213,11 @@ class PackedBackbone(nn.Module):
         theirs = f"{model.kind} {type(model.backbone).__name__} in {model.precision}"
         if mine != theirs:
             raise ValueError(f"a {theirs} cannot join a pack of a {mine}")
+        if model.backbone_dropout != self.backbone_dropout:
+            raise ValueError(
+                f"its train.backbone_dropout {model.backbone_dropout!r} differs from the "
+                f"pack's {self.backbone_dropout!r} (the members share the backbone's dropout)"
+            )
         heads = {n: p.shape for n, p in model.backbone.named_parameters() if p.requires_grad}
         if heads != self._heads:
             raise ValueError(f"its head {heads} differs from the pack's {self._heads}")
@@ -228,6 +249,10 @@ class PackedBackbone(nn.Module):
     @torch.no_grad()
     def predict(self, entries: Sequence[PackEntry]) -> list[np.ndarray]:
         """Each entry's predictions, as its model's own ``predict`` gives them."""
+        if self.kind == "seq2seq" and any(e.model.ranks() for e in entries):
+            # rank scoring asks every verbalizer's likelihood of each member's rows: each
+            # member scores its own batch through its own model (exact, not fused)
+            return [e.model.predict(**e.batch) for e in entries]
         inputs, placements, _ = self.pack_inputs(entries)
         with self._placed(placements):
             if self.kind != "seq2seq":

@@ -158,7 +158,7 @@ class PromptedModel(nn.Module):
         kwargs = self.backbone_inputs(input_ids, attention_mask, token_type_ids, features)
         if self.kind != "seq2seq":
             return self._head_logits(kwargs, input_ids.device).cpu().numpy()
-        if (scoring or self.seq2seq_scoring) == "rank" and self.verbalizers is not None:
+        if self.ranks(scoring):
             targets = verbalizer_ids(self.tokenizer, self.verbalizers)
             return rank_predictions(self.backbone, kwargs, targets, self.precision)
         with autocast(self.precision, input_ids.device):
@@ -166,6 +166,11 @@ class PromptedModel(nn.Module):
                 **kwargs, max_new_tokens=self.new_tokens(), do_sample=False, num_beams=1
             )
         return self.generated_predictions(generated)
+
+    def ranks(self, scoring: str | None = None) -> bool:
+        """Whether :meth:`predict` scores each verbalizer's likelihood (seq2seq ``rank``
+        scoring of a classification task) rather than generating."""
+        return (scoring or self.seq2seq_scoring) == "rank" and self.verbalizers is not None
 
     def new_tokens(self) -> int:
         """Seq2seq: how many tokens :meth:`predict` generates, the longest label's plus one

@@ -75,9 +75,14 @@ class Place:
 
 def backbone_group(cfg: ExperimentConfig) -> str:
     """Trials of one group can share a frozen backbone: the same model (name, revision,
-    length), precision and, for a randomly initialised test model, ``train.seed``."""
+    length), precision, backbone dropout and, for a randomly initialised test model,
+    ``train.seed``."""
     seed = cfg.train.seed if built_from_config(cfg.model.name) else None
-    key = {"model": cfg.model.model_dump(mode="json"), "precision": cfg.train.precision}
+    key = {
+        "model": cfg.model.model_dump(mode="json"),
+        "precision": cfg.train.precision,
+        "backbone_dropout": cfg.train.backbone_dropout,
+    }
     return json.dumps({**key, "seed": seed}, sort_keys=True)
 
 

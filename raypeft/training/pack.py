@@ -275,8 +275,9 @@ class Pack:
         for member, batch, loss, ok in zip(
             members, batches, outcome.losses, outcome.finite, strict=True
         ):
-            if not ok:
-                failures[member.key] = diverged_result(torch.tensor(loss), member.loop.step)
+            if not ok:  # its trial ends as alone, tagged with the pack it trained in
+                failure = diverged_result(torch.tensor(loss), member.loop.step)
+                failures[member.key] = {**failure, PACK_ID_KEY: self.pack_id}
                 continue
             member.loop.count_step(len(batch["labels"]), outcome.seconds)
             member.losses.append(loss)
@@ -349,7 +350,9 @@ class Pack:
                 precision=precision,
                 device=self.device,
             )
-        return PackedBackbone(backbone.model, backbone.dims.kind, precision)
+        return PackedBackbone(
+            backbone.model, backbone.dims.kind, precision, cfg.train.backbone_dropout
+        )
 
 
 @torch.no_grad()
@@ -363,6 +366,7 @@ def evaluate_members(
     gives them alone, from one pass over all members' batches (each of its own
     ``train.eval_batch_size``); the time, and so ``samples_per_s``, is the pass's."""
     loaders = []
+    backbone.eval()  # no dropout while evaluating
     for m in members:
         m.model.eval()
         with m.learner.rng.active():  # a DataLoader draws its seed from the global generator
@@ -387,6 +391,7 @@ def evaluate_members(
             outputs[i].append(pred)
             labels[i].append(y.cpu().numpy())
     elapsed = time.perf_counter() - start
+    backbone.train()
     for m in members:
         m.model.train()
     return [

@@ -170,12 +170,16 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
 
 
-def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path):
+@pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
+def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path, packed):
+    """Packed: both trials train in one pack; the diverging member fails alone, its pack
+    mate goes on to the end."""
     path = tiny_experiment(
         tmp_path,
         train={"warmup_ratio": 0.0},
         space={"method.lr_prompt": {"grid": [1.0e30, 0.3]}, "method.lr_lowrank": {"grid": [1e-3]}},
         search={"num_samples": 2, "scheduler": {"type": "none"}},
+        **({"resources": {"trials_per_worker": 2}} if packed else {}),
     )
     proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -189,6 +193,8 @@ def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path):
     assert "raypeft.restarts" not in bad.data.tags  # a diverging loss is never retried
     assert good.info.status == "FINISHED"
     assert parent.data.tags["raypeft.best_run_id"] == good.info.run_id
+    if packed:  # one pack held both
+        assert bad.data.tags["raypeft.pack_id"] == good.data.tags["raypeft.pack_id"]
     study = optuna.load_study(study_name="tiny-dept", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     states = sorted(t.state.name for t in study.trials)
     assert states == ["COMPLETE", "FAIL"]

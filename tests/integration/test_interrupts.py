@@ -38,7 +38,9 @@ STEPS, EVERY = 1000, 100
 STUDY, OVERRIDE = "tiny-dept", "train.head_lr=0.02"  # an override the resume line must repeat
 
 
-def _start(tmp_path: Path):
+def _start(tmp_path: Path, packed: bool = False):
+    """The search; ``packed``: two trials at a time in one pack (trials_per_worker 2), so the
+    signal lands while the third trial trains in the pack its first two left."""
     path = tiny_experiment(
         tmp_path,
         train={"max_steps": STEPS, "eval_every": EVERY, "batch_size": 8, "head_lr": 0.01},
@@ -47,7 +49,12 @@ def _start(tmp_path: Path):
             "method.lr_lowrank": {"grid": [1.0e-3]},
             "method.prompt_length": {"choice": [2, 4, 6]},
         },
-        search={"num_samples": 3, "max_concurrent": 1, "scheduler": {"type": "none"}},
+        search={
+            "num_samples": 3,
+            "max_concurrent": 2 if packed else 1,
+            "scheduler": {"type": "none"},
+        },
+        **({"resources": {"trials_per_worker": 2}} if packed else {}),
     )
     return start_search(["--space", str(path), "--quiet", "--set", OVERRIDE], tmp_path)
 
@@ -126,8 +133,9 @@ def _assert_completed_once(tmp_path: Path, parent_id: str) -> dict:
     return {k.data.tags["raypeft.trial_id"]: k for k in kids}
 
 
-def test_ctrl_c_pauses_the_search_and_resume_finishes_it(tmp_path):
-    proc = _start(tmp_path)
+@pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
+def test_ctrl_c_pauses_the_search_and_resume_finishes_it(tmp_path, packed):
+    proc = _start(tmp_path, packed)
     try:
         done, running = _one_finished_one_midway(tmp_path, proc)
         os.kill(proc.pid, signal.SIGINT)  # what Ctrl-C sends
@@ -159,6 +167,8 @@ def test_ctrl_c_pauses_the_search_and_resume_finishes_it(tmp_path):
     after = _assert_completed_once(tmp_path, parent.info.run_id)
     assert after[done].info.end_time == finished_end  # the finished trial was not run again
     assert int(after[running].data.tags["raypeft.resumed_from_step"]) >= 2 * EVERY
+    if packed:  # every trial trained in a pack, the resumed one in a new pack
+        assert all("raypeft.pack_id" in k.data.tags for k in after.values())
     study = _study(tmp_path)  # the paused trial went on in a new one, with its parameters
     (resumed,) = [
         t for t in study.trials if t.user_attrs.get("raypeft.resumed_from_trial") == paused.number

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 from safetensors.torch import load_file
 
@@ -25,8 +26,13 @@ from raypeft.methods.prompt_tuning import PromptTuningConfig
 from raypeft.modeling.packed import PackShape, packable
 from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE
 from raypeft.training.loop import train
-from raypeft.training.pack import MemberSpec, Pack, train_pack
-from raypeft.training.result_keys import PACK_ID_KEY, PACK_PADDING_KEY, PACK_SIZE_KEY
+from raypeft.training.pack import MemberSpec, Pack, evaluate_members, train_pack
+from raypeft.training.result_keys import (
+    FAILURE_KEY,
+    PACK_ID_KEY,
+    PACK_PADDING_KEY,
+    PACK_SIZE_KEY,
+)
 from raypeft.training.resume import RESUME_DIR
 
 S = 16
@@ -68,6 +74,7 @@ def experiment(length: int = 4, lr: float = 0.05, model: str = "tiny-bert", **tr
         "eval_batch_size": 8,
         "head_lr": 1e-2,
         "precision": "fp32",
+        "backbone_dropout": 0,  # exact with dropout off (a fused batch draws one mask)
         **train_kw,
     }
     return ExperimentConfig(
@@ -202,6 +209,22 @@ def test_a_member_resumes_from_its_checkpoint(task, tmp_path):
     assert reports["back"][0]["resumed_from_step"] == 2
 
 
+def test_a_diverging_member_fails_alone_and_its_mate_trains_on(task):
+    """A member whose loss is no longer finite ends with the failure its trial ends with
+    alone (tagged with its pack); its mate's reports are those it has alone."""
+    bad = experiment(3, 1e30, warmup_ratio=0.0)
+    good = experiment(5, 0.05)
+    reports: dict[str, list[dict]] = {}
+    specs = [MemberSpec("bad", bad), MemberSpec("good", good)]
+    train_pack(task, specs, lambda k, m, f: reports.setdefault(k, []).append(m), capacity=2)
+    failure, expected = reports["bad"][-1], alone(bad, task)
+    assert failure[FAILURE_KEY].startswith("NonFiniteLossError")
+    assert failure[PACK_ID_KEY] == "pack"
+    assert len(reports["bad"]) == len(expected)  # it failed where it fails alone
+    assert failure == {**expected[-1], PACK_ID_KEY: "pack"}
+    assert_same(alone(good, task), reports["good"])
+
+
 def test_a_trial_that_cannot_share_the_backbone_is_refused(task):
     pack = Pack(task, capacity=3)
     pack.add(MemberSpec("a", experiment()))
@@ -212,10 +235,38 @@ def test_a_trial_that_cannot_share_the_backbone_is_refused(task):
         pack.add(MemberSpec("b", experiment(seed=7)))
     with pytest.raises(ValueError, match="cannot join a pack"):
         pack.add(MemberSpec("c", experiment(precision="bf16")))
+    with pytest.raises(ValueError, match="backbone_dropout"):  # one backbone, one dropout
+        pack.add(MemberSpec("g", experiment(backbone_dropout="config")))
     pack.add(MemberSpec("d", experiment(5)))
     pack.add(MemberSpec("e", experiment(6)))
     with pytest.raises(ValueError, match="the pack is full"):
         pack.add(MemberSpec("f", experiment()))
+
+
+def test_a_pack_with_dropout_on_trains_through_it_and_evaluates_without(task):
+    """backbone_dropout on (the default): the fused forward trains through the backbone's
+    dropout and evaluates in eval mode (two evaluations of the same state agree); the frozen
+    weights never change."""
+    pack = Pack(task, capacity=2)
+    for key, length in (("a", 3), ("b", 5)):
+        pack.add(MemberSpec(key, experiment(length, backbone_dropout="config")))
+    backbone = pack.backbone.backbone
+    frozen = {n: p.detach().clone() for n, p in backbone.named_parameters() if not p.requires_grad}
+    assert backbone.training  # dropout runs in the members' steps
+    pack.step()
+
+    def val_losses() -> list[float]:
+        members = pack.members
+        return [
+            m["loss"]
+            for m in evaluate_members(pack.backbone, members, ("accuracy",), torch.device("cpu"))
+        ]
+
+    assert val_losses() == val_losses()  # no dropout while evaluating
+    assert backbone.training  # and back to training mode after
+    for name, tensor in backbone.named_parameters():
+        if name in frozen:
+            assert torch.equal(tensor, frozen[name]), name
 
 
 def test_a_method_says_why_it_cannot_pack(task, monkeypatch):
