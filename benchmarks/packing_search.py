@@ -1,0 +1,175 @@
+"""Trial packing on the shipped search: ``search_spaces/dept.yaml`` unpacked against packed.
+
+What it measures
+----------------
+The README's main command (``raypeft tune --space search_spaces/dept.yaml``) run through
+``raypeft.search.run.run_experiment`` twice in one run, IN ORDER: unpacked (the file as
+shipped, ``resources.trials_per_worker: 1``), then packed (``trials_per_worker=K``, ``--k``,
+default 4; every other setting as shipped, so each trial asks Ray for 1/K of the shipped worker
+and the two cores hold two packs of K). With ``--rounds 2`` the order is unpacked, packed,
+packed, unpacked (ABBA), so a drift of the machine's load hits both alike. Each search starts
+and shuts down its own local Ray, writes MLflow to a sqlite file and Ray to a storage path in a
+temp dir.
+
+Reported per variant: wall time (mean over rounds) and its ratio to unpacked; trials, stopped
+early and failed; the training steps all trials took together (``trial-steps``: what ASHA's
+decisions cost, since K trials in flight per pack change which trials reach a rung first); the
+best trial's validation and test accuracy. ``--set k=v`` applies overrides to both searches as
+``raypeft tune --set`` does, e.g. a tiny run to check it starts:
+
+    .venv/bin/python benchmarks/packing_search.py \\
+        --set train.max_steps=4 --set train.eval_every=2 --set search.num_samples=4
+
+Absolute numbers depend on the (shared, 2-core) machine; read the ratios.
+
+How to run
+----------
+    .venv/bin/python benchmarks/packing_search.py              # ~30 min on 2 cores
+    .venv/bin/python benchmarks/packing_search.py --k 2 --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SPACE = REPO / "search_spaces" / "dept.yaml"
+
+
+def search_config(k: int, overrides: list[str], tmp: Path, round_no: int):
+    """The shipped experiment with this round's own name and stores, packed by ``k``."""
+    from raypeft.config.schema import load_experiment
+
+    return load_experiment(
+        SPACE,
+        [
+            *overrides,
+            f"name=bench-packing-k{k}-{round_no}",
+            f"resources.trials_per_worker={k}",
+            f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
+            f"run.storage_path={tmp / 'ray_results'}",
+        ],
+    )
+
+
+def trial_steps(tracking_uri: str, run_ids) -> int:
+    """The training steps the search's trials took together (each trial's last reported
+    step), read back from their MLflow runs."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=tracking_uri)
+    total = 0
+    for run_id in run_ids:
+        history = client.get_metric_history(run_id, "train_loss")
+        total += max((m.step for m in history), default=0)
+    return total
+
+
+def run_search(k: int, args: argparse.Namespace, tmp: Path, round_no: int) -> dict:
+    """One whole search; its wall time and outcome."""
+    import ray
+
+    from raypeft.search.run import run_experiment
+
+    cfg = search_config(k, args.set, tmp, round_no)
+    cwd = os.getcwd()
+    os.chdir(tmp)  # MLflow's sqlite store puts artifacts in ./mlruns of the working directory
+    try:
+        start = time.perf_counter()
+        summary = run_experiment(cfg, quiet=True)
+        wall = time.perf_counter() - start
+        ray.shutdown()
+    finally:
+        os.chdir(cwd)
+    out = {
+        "wall": wall,
+        "val": summary.best_validation.get("val_accuracy", float("nan")),
+        "test": summary.test.get("test_accuracy", float("nan")),
+        "trials": summary.num_trials,
+        "stopped": summary.num_pruned,
+        "errors": summary.num_errors,
+        "steps": trial_steps(summary.tracking_uri, summary.trial_run_ids.values()),
+        "best": summary.best_params,
+    }
+    print(
+        f"  K={k} (round {round_no}): {wall:.1f} s wall, {out['trials']} trials "
+        f"({out['stopped']} stopped early, {out['errors']} failed), {out['steps']} trial-steps, "
+        f"best val {out['val']:.4f}, test {out['test']:.4f}, {out['best']}{load_note()}",
+        flush=True,
+    )
+    return out
+
+
+def load_note() -> str:
+    try:
+        return f" (load {os.getloadavg()[0]:.1f})"
+    except OSError:
+        return ""
+
+
+def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
+    for row in (header, tuple("-" * w for w in widths), *rows):
+        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--k", type=int, default=4, help="trials per pack in the packed search")
+    p.add_argument("--rounds", type=int, choices=(1, 2), default=1, help="1, or 2 (ABBA)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override of dept.yaml for both searches, as raypeft tune --set",
+    )
+    args = p.parse_args(argv)
+    if args.k < 2:
+        p.error("--k must be at least 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    order = [1, args.k] if args.rounds == 1 else [1, args.k, args.k, 1]
+    print(f"== {SPACE.relative_to(REPO)} with --set {args.set or '(none)'}; order K={order}")
+    results: dict[int, list[dict]] = {1: [], args.k: []}
+    with tempfile.TemporaryDirectory(prefix="raypeft_bench_") as tmpdir:
+        for i, k in enumerate(order):
+            results[k].append(run_search(k, args, Path(tmpdir), i))
+    walls = {k: statistics.mean(r["wall"] for r in runs) for k, runs in results.items()}
+    rows = [
+        (
+            "unpacked" if k == 1 else f"packed, K={k}",
+            f"{walls[k]:.1f}",
+            f"{walls[k] / walls[1]:.2f}",
+            " ".join(f"{r['trials']}/{r['stopped']}/{r['errors']}" for r in runs),
+            " ".join(str(r["steps"]) for r in runs),
+            " ".join(f"{r['val']:.4f}" for r in runs),
+            " ".join(f"{r['test']:.4f}" for r in runs),
+        )
+        for k, runs in results.items()
+    ]
+    header = (
+        "search",
+        "wall (s)",
+        "ratio",
+        "trials/stopped/failed",
+        "trial-steps",
+        "best val acc",
+        "its test acc",
+    )
+    print_table(header, rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
