@@ -14,8 +14,10 @@ temp dir.
 Reported per variant: wall time (mean over rounds) and its ratio to unpacked; trials, stopped
 early and failed; the training steps all trials took together (``trial-steps``: what ASHA's
 decisions cost, since K trials in flight per pack change which trials reach a rung first); the
-best trial's validation and test accuracy. ``--set k=v`` applies overrides to both searches as
-``raypeft tune --set`` does, e.g. a tiny run to check it starts:
+packs' padding waste (the mean over trials of ``pack_padding_waste``: members of other prompt
+lengths m are padded to the pack's longest); the best trial's validation and test accuracy.
+``--set k=v`` applies overrides to both searches as ``raypeft tune --set`` does, e.g. a tiny
+run to check it starts:
 
     .venv/bin/python benchmarks/packing_search.py \\
         --set train.max_steps=4 --set train.eval_every=2 --set search.num_samples=4
@@ -57,17 +59,20 @@ def search_config(k: int, overrides: list[str], tmp: Path, round_no: int):
     )
 
 
-def trial_steps(tracking_uri: str, run_ids) -> int:
+def trial_records(tracking_uri: str, run_ids) -> tuple[int, float | None]:
     """The training steps the search's trials took together (each trial's last reported
-    step), read back from their MLflow runs."""
+    step), and the mean of their packs' padding waste (None unpacked), from their MLflow runs."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri=tracking_uri)
-    total = 0
+    total, waste = 0, []
     for run_id in run_ids:
         history = client.get_metric_history(run_id, "train_loss")
         total += max((m.step for m in history), default=0)
-    return total
+        padding = client.get_run(run_id).data.metrics.get("pack_padding_waste")
+        if padding is not None:
+            waste.append(padding)
+    return total, (statistics.mean(waste) if waste else None)
 
 
 def run_search(k: int, args: argparse.Namespace, tmp: Path, round_no: int) -> dict:
@@ -86,6 +91,7 @@ def run_search(k: int, args: argparse.Namespace, tmp: Path, round_no: int) -> di
         ray.shutdown()
     finally:
         os.chdir(cwd)
+    steps, waste = trial_records(summary.tracking_uri, summary.trial_run_ids.values())
     out = {
         "wall": wall,
         "val": summary.best_validation.get("val_accuracy", float("nan")),
@@ -93,12 +99,14 @@ def run_search(k: int, args: argparse.Namespace, tmp: Path, round_no: int) -> di
         "trials": summary.num_trials,
         "stopped": summary.num_pruned,
         "errors": summary.num_errors,
-        "steps": trial_steps(summary.tracking_uri, summary.trial_run_ids.values()),
+        "steps": steps,
+        "waste": waste,
         "best": summary.best_params,
     }
     print(
         f"  K={k} (round {round_no}): {wall:.1f} s wall, {out['trials']} trials "
         f"({out['stopped']} stopped early, {out['errors']} failed), {out['steps']} trial-steps, "
+        f"padding waste {'-' if waste is None else f'{waste:.2f}'}, "
         f"best val {out['val']:.4f}, test {out['test']:.4f}, {out['best']}{load_note()}",
         flush=True,
     )
@@ -153,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{walls[k] / walls[1]:.2f}",
             " ".join(f"{r['trials']}/{r['stopped']}/{r['errors']}" for r in runs),
             " ".join(str(r["steps"]) for r in runs),
+            " ".join("-" if r["waste"] is None else f"{r['waste']:.2f}" for r in runs),
             " ".join(f"{r['val']:.4f}" for r in runs),
             " ".join(f"{r['test']:.4f}" for r in runs),
         )
@@ -164,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio",
         "trials/stopped/failed",
         "trial-steps",
+        "padding waste",
         "best val acc",
         "its test acc",
     )
