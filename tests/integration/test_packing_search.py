@@ -118,7 +118,8 @@ def test_a_packed_search_matches_its_unpacked_twin_run_for_run(tmp_path):
 def test_asha_stops_members_and_the_next_configurations_take_their_slots(tmp_path):
     """The first configuration learns (head_lr 0.05), the five after it barely move: once the
     first has reported at the rung, ASHA (keeping the best quarter) stops each of them there.
-    Their slots take the next configurations until all six have trained."""
+    Their slots take the next configurations until all six have trained. The best one is then
+    repeated with another seed (search.repeat_best), in a pack too."""
     cwd = search(
         tmp_path,
         "asha",
@@ -139,10 +140,15 @@ def test_asha_stops_members_and_the_next_configurations_take_their_slots(tmp_pat
                 "reduction_factor": 4,
                 "metric": "val_loss",
             },
+            "repeat_best": {"top_k": 1, "seeds": 1},
         },
     )
-    client, parent, kids = parent_and_kids(cwd)
+    client, parent, runs = parent_and_kids(cwd)
     assert parent.info.status == "FINISHED"
+    (repeat,) = [k for k in runs if k.data.tags["raypeft.role"] == "repeat"]
+    assert repeat.info.status == "FINISHED" and repeat.data.tags["raypeft.pack_id"]
+    assert repeat.data.params["train.head_lr"] == "0.05"  # the best configuration, again
+    kids = [k for k in runs if k.data.tags["raypeft.role"] == "trial"]
     assert len(kids) == 6 and all(k.info.status == "FINISHED" for k in kids)
     assert len({k.data.params["train.head_lr"] for k in kids}) == 6  # every configuration
     stopped = [k for k in kids if k.data.tags["raypeft.stopped_early"] == "true"]
