@@ -35,11 +35,14 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import tempfile
-import time
 from pathlib import Path
 
+from whole_search import load_note, print_table, timed_search
+
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run from a checkout without installing
 SPACE = REPO / "search_spaces" / "dept.yaml"
 
 
@@ -77,20 +80,7 @@ def trial_records(tracking_uri: str, run_ids) -> tuple[int, float | None]:
 
 def run_search(k: int, args: argparse.Namespace, tmp: Path, round_no: int) -> dict:
     """One whole search; its wall time and outcome."""
-    import ray
-
-    from raypeft.search.run import run_experiment
-
-    cfg = search_config(k, args.set, tmp, round_no)
-    cwd = os.getcwd()
-    os.chdir(tmp)  # MLflow's sqlite store puts artifacts in ./mlruns of the working directory
-    try:
-        start = time.perf_counter()
-        summary = run_experiment(cfg, quiet=True)
-        wall = time.perf_counter() - start
-        ray.shutdown()
-    finally:
-        os.chdir(cwd)
+    summary, wall = timed_search(search_config(k, args.set, tmp, round_no), tmp)
     steps, waste = trial_records(summary.tracking_uri, summary.trial_run_ids.values())
     out = {
         "wall": wall,
@@ -111,19 +101,6 @@ def run_search(k: int, args: argparse.Namespace, tmp: Path, round_no: int) -> di
         flush=True,
     )
     return out
-
-
-def load_note() -> str:
-    try:
-        return f" (load {os.getloadavg()[0]:.1f})"
-    except OSError:
-        return ""
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-    for row in (header, tuple("-" * w for w in widths), *rows):
-        print("| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) + " |")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

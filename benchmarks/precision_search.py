@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from whole_search import load_note, print_table, timed_search
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
@@ -179,20 +181,7 @@ def search_config(precision: str, overrides: list[str], tmp: Path, round_no: int
 
 
 def run_search(precision: str, args: argparse.Namespace, tmp: Path, round_no: int) -> dict:
-    import ray
-
-    from raypeft.search.run import run_experiment
-
-    cfg = search_config(precision, args.set, tmp, round_no)
-    cwd = os.getcwd()
-    os.chdir(tmp)  # MLflow's sqlite store puts artifacts in ./mlruns of the working directory
-    try:
-        start = time.perf_counter()
-        summary = run_experiment(cfg, quiet=True)
-        ray.shutdown()
-    finally:
-        os.chdir(cwd)
-    wall = time.perf_counter() - start
+    summary, wall = timed_search(search_config(precision, args.set, tmp, round_no), tmp)
     out = {
         "wall": wall,
         "val": summary.best_validation.get("val_accuracy", float("nan")),
@@ -235,20 +224,7 @@ def part_b(args: argparse.Namespace) -> None:
     print_table(("precision", "wall (s)", "ratio to fp32", "best val acc", "its test acc"), rows)
 
 
-# ----------------------------------------------------------------------------- helpers, CLI
-
-
-def load_note() -> str:
-    try:
-        return f" (load {os.getloadavg()[0]:.1f})"
-    except OSError:
-        return ""
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(str(r[i])) for r in (header, *rows)) for i in range(len(header))]
-    for row in (header, tuple("-" * w for w in widths), *rows):
-        print("  " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+# ----------------------------------------------------------------------------- CLI
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
