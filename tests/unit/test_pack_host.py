@@ -61,6 +61,7 @@ def experiment(length: int = 4, lr: float = 0.05, **train_kw) -> ExperimentConfi
         "eval_batch_size": 8,
         "head_lr": 1e-2,
         "precision": "fp32",
+        "backbone_dropout": 0,  # members equal their trials alone with dropout off
         **train_kw,
     }
     return ExperimentConfig(
@@ -288,6 +289,10 @@ def test_trials_share_a_backbone_group_only_with_the_same_frozen_weights():
     # a test model's weights come from its seed; another precision is another backbone
     assert backbone_group(base) != backbone_group(experiment(seed=7))
     assert backbone_group(base) != backbone_group(experiment(precision="bf16"))
+    # one backbone runs one dropout for all its members
+    assert backbone_group(base) != backbone_group(experiment(backbone_dropout="config"))
     minilm = base.model_copy(update={"model": ModelConfig(name="minilm", max_length=S)})
-    other_seed = minilm.model_copy(update={"train": TrainConfig(seed=3, precision="fp32")})
+    other_seed = minilm.model_copy(
+        update={"train": TrainConfig(seed=3, precision="fp32", backbone_dropout=0)}
+    )
     assert backbone_group(minilm) == backbone_group(other_seed)
