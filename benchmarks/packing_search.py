@@ -39,7 +39,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from whole_search import load_note, print_table, timed_search
+from whole_search import experiment_in, load_note, print_table, timed_search
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
@@ -48,18 +48,8 @@ SPACE = REPO / "search_spaces" / "dept.yaml"
 
 def search_config(k: int, overrides: list[str], tmp: Path, round_no: int):
     """The shipped experiment with this round's own name and stores, packed by ``k``."""
-    from raypeft.config.schema import load_experiment
-
-    return load_experiment(
-        SPACE,
-        [
-            *overrides,
-            f"name=bench-packing-k{k}-{round_no}",
-            f"resources.trials_per_worker={k}",
-            f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
-            f"run.storage_path={tmp / 'ray_results'}",
-        ],
-    )
+    extra = [*overrides, f"resources.trials_per_worker={k}"]
+    return experiment_in(SPACE, f"bench-packing-k{k}-{round_no}", extra, tmp)
 
 
 def trial_records(tracking_uri: str, run_ids) -> tuple[int, float | None]:

@@ -47,7 +47,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from whole_search import load_note, print_table, timed_search
+from whole_search import experiment_in, load_note, print_table, timed_search
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
@@ -166,18 +166,8 @@ def part_a(args: argparse.Namespace) -> None:
 
 
 def search_config(precision: str, overrides: list[str], tmp: Path, round_no: int):
-    from raypeft.config.schema import load_experiment
-
-    return load_experiment(
-        SPACE,
-        [
-            *overrides,
-            f"name=bench-precision-{precision}-{round_no}",
-            f"train.precision={precision}",
-            f"tracking.uri=sqlite:///{tmp / 'mlflow.db'}",
-            f"run.storage_path={tmp / 'ray_results'}",
-        ],
-    )
+    extra = [*overrides, f"train.precision={precision}"]
+    return experiment_in(SPACE, f"bench-precision-{precision}-{round_no}", extra, tmp)
 
 
 def run_search(precision: str, args: argparse.Namespace, tmp: Path, round_no: int) -> dict:

@@ -9,6 +9,22 @@ import time
 from pathlib import Path
 
 
+def experiment_in(space: Path, name: str, overrides: list[str], folder: Path):
+    """The experiment file ``space`` with ``overrides`` (as ``raypeft tune --set``), renamed
+    ``name``, its MLflow store and Ray results in ``folder``."""
+    from raypeft.config.schema import load_experiment
+
+    return load_experiment(
+        space,
+        [
+            *overrides,
+            f"name={name}",
+            f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
+            f"run.storage_path={folder / 'ray_results'}",
+        ],
+    )
+
+
 def timed_search(cfg, folder: Path):
     """Run the search ``cfg`` with ``folder`` as the working directory (MLflow's sqlite store
     puts artifacts in ./mlruns of it) and shut its Ray down; ``(summary, wall seconds)``."""
