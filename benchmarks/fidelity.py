@@ -132,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ]:  # fmt: skip
         p.add_argument(f"--{flag}", type=kind, help=f"default {FULL[flag.replace('-', '_')]}")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"])
+    p.add_argument(
+        "--head-pooling", default="auto", choices=["auto", "first", "mean"],
+        help="model.head_pooling (auto: mean on MiniLM, first on the tiny model)",
+    )  # fmt: skip
     p.add_argument("--ipt-corpus", help="IPT's pretraining corpus (default: BBC News)")
     p.add_argument("--jobs", type=int, default=2, help="worker processes")
     p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
@@ -190,6 +194,7 @@ def setting_of(args: argparse.Namespace, hidden_size: int) -> Setting:
         test_examples=args.test_examples,
         evals=args.evals,
         precision=args.precision,
+        head_pooling=args.head_pooling,
         ipt=ipt,
     )
 
@@ -201,7 +206,8 @@ def command_line(args: argparse.Namespace, mode: str = "") -> str:
     for key in [
         "tasks", "methods", "lrs", "seeds", "steps", "curve_tasks", "curve_m", "ablation_tasks",
         "model", "max_length", "budget_length", "batch_size", "head_lr", "train_examples",
-        "eval_examples", "test_examples", "evals", "precision", "ipt_corpus", "jobs", "threads",
+        "eval_examples", "test_examples", "evals", "precision", "head_pooling", "ipt_corpus",
+        "jobs", "threads",
     ]:  # fmt: skip
         if getattr(args, key) is not None:
             words += [f"--{key.replace('_', '-')}", str(getattr(args, key))]

@@ -88,6 +88,9 @@ ABLATIONS = (
         (("train.backbone_dropout", 0),),
     ),
     Ablation("lowrank_init", "official", "paper", ("DePT",), (("method.lowrank_init", "paper"),)),
+    # the head reading the first position (a prompt slot, as transformers' head and peft)
+    # instead of the mean of the input's tokens that auto picks for MiniLM
+    Ablation("head_pooling", "auto", "first", tuple(METHODS), (("model.head_pooling", "first"),)),
 )
 
 
@@ -106,6 +109,7 @@ class Setting:
     test_examples: int
     evals: int  # evaluations per run (the best checkpoint by validation is kept)
     precision: str
+    head_pooling: str = "auto"  # model.head_pooling
     ipt: tuple[tuple[str, object], ...] = ()  # IPT pretraining overrides (--tiny)
 
     def fingerprint(self) -> str:
@@ -291,7 +295,11 @@ def run_config(setting: Setting, run: Run, data_dir: Path) -> dict:
         method.update(dict(setting.ipt))
     cfg = {
         "name": f"fidelity-{run.task}",
-        "model": {"name": setting.model, "max_length": setting.max_length},
+        "model": {
+            "name": setting.model,
+            "max_length": setting.max_length,
+            "head_pooling": setting.head_pooling,
+        },
         "task": {
             "name": run.task,
             "data_dir": str(data_dir / run.task),

@@ -50,6 +50,13 @@ class ModelConfig(_Strict):
     )
     max_length: int = Field(128, ge=8, le=4096, description="s: inputs are padded/truncated to s")
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit)")
+    head_pooling: Literal["auto", "first", "mean"] = Field(
+        "auto",
+        description="what an encoder's task head reads: first (the first position, as "
+        "transformers' head and peft: a prompt slot once a prompt is prepended), mean (the "
+        "mean of the input's own token states) or auto (mean for sentence encoders whose "
+        "sentence-transformers config mean-pools, such as minilm; else first)",
+    )
 
 
 class TaskConfig(_Strict):

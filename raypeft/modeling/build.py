@@ -53,7 +53,8 @@ def build_model(
     The frozen weights are kept in ``precision``'s dtype (a resolved precision: fp32, bf16 or
     fp16; :mod:`raypeft.modeling.precision`); the head and the method's tensors stay float32.
     The model is the same, tensor for tensor, whether its backbone came from the cache or disk.
-    In training mode its backbone's dropout follows ``train.backbone_dropout``.
+    In training mode its backbone's dropout follows ``train.backbone_dropout``; its head reads
+    what ``model.head_pooling`` resolves to.
     """
     backbone = cached_backbone(
         cfg.model,
@@ -65,7 +66,12 @@ def build_model(
     )
     # the method's tensors are made beside the word embeddings some start from (or on the CPU),
     # then everything joins the backbone on its device
-    model = PromptedModel(backbone, cfg.method, backbone_dropout=cfg.train.backbone_dropout)
+    model = PromptedModel(
+        backbone,
+        cfg.method,
+        backbone_dropout=cfg.train.backbone_dropout,
+        head_pooling=cfg.model.head_pooling,
+    )
     model = model.to(device or "cpu")
     model.precision = precision
     if model.kind == "seq2seq":

@@ -42,6 +42,7 @@ from raypeft.methods import MethodConfig
 from raypeft.methods.base import BackboneKind
 from raypeft.modeling.backbones import transformer_layers
 from raypeft.modeling.dropout import set_dropout_rate, trains_with_dropout
+from raypeft.modeling.head_pooling import head_style, input_mean, pooled_logits
 from raypeft.modeling.precision import autocast
 from raypeft.modeling.prompted import PromptedModel, PromptedOutput, head_loss
 
@@ -169,11 +170,16 @@ class PackedBackbone(nn.Module):
         kind: BackboneKind,
         precision: str = "fp32",
         backbone_dropout: float | str = "config",
+        head_pooling: str = "first",
     ):
         super().__init__()
         self.backbone = model
         self.kind = kind
         self.precision = precision
+        # the members' resolved model.head_pooling (first or mean): one head path for all;
+        # the head's style is read before its modules are replaced by routers
+        self.head_pooling = head_pooling
+        self.head_style = head_style(model) if head_pooling == "mean" else None
         # the members' train.backbone_dropout: one backbone runs one dropout for all of them
         self.backbone_dropout = backbone_dropout
         if isinstance(backbone_dropout, float) and trains_with_dropout(backbone_dropout):
@@ -218,6 +224,11 @@ class PackedBackbone(nn.Module):
                 f"its train.backbone_dropout {model.backbone_dropout!r} differs from the "
                 f"pack's {self.backbone_dropout!r} (the members share the backbone's dropout)"
             )
+        if model.head_pooling != self.head_pooling:
+            raise ValueError(
+                f"its model.head_pooling {model.head_pooling!r} differs from the pack's "
+                f"{self.head_pooling!r}"
+            )
         heads = {n: p.shape for n, p in model.backbone.named_parameters() if p.requires_grad}
         if heads != self._heads:
             raise ValueError(f"its head {heads} differs from the pack's {self._heads}")
@@ -239,7 +250,7 @@ class PackedBackbone(nn.Module):
         with self._placed(placements):
             if self.kind == "seq2seq":
                 return self._seq2seq_outputs(inputs, placements), shape
-            logits = self._head_logits(inputs)
+            logits = self._head_logits(inputs, placements)
         outputs = []
         for p in placements:
             own, labels = logits[p.start : p.stop], p.entry.batch.get("labels")
@@ -256,7 +267,7 @@ class PackedBackbone(nn.Module):
         inputs, placements, _ = self.pack_inputs(entries)
         with self._placed(placements):
             if self.kind != "seq2seq":
-                logits = self._head_logits(inputs).cpu().numpy()
+                logits = self._head_logits(inputs, placements).cpu().numpy()
                 return [logits[p.start : p.stop] for p in placements]
             with autocast(self.precision, inputs["inputs_embeds"].device):
                 generated = self.backbone.generate(
@@ -274,9 +285,22 @@ class PackedBackbone(nn.Module):
             for p in placements
         ]
 
-    def _head_logits(self, inputs: dict) -> torch.Tensor:
+    def _head_logits(self, inputs: dict, placements: list[_Placement]) -> torch.Tensor:
         with autocast(self.precision, inputs["inputs_embeds"].device):
-            return self.backbone(**inputs).logits.float()
+            if self.head_style is None:
+                return self.backbone(**inputs).logits.float()
+            # mean: each member pools its own rows' input tokens (its sequence, padding cut)
+            hidden = self.backbone.base_model(**inputs)[0]
+            pooled = torch.cat(
+                [
+                    input_mean(
+                        hidden[p.start : p.stop, p.offset : p.offset + p.length],
+                        p.entry.batch["attention_mask"],
+                    )
+                    for p in placements
+                ]
+            )
+            return pooled_logits(self.backbone, self.head_style, pooled).float()
 
     def _seq2seq_outputs(self, inputs: dict, placements: list[_Placement]) -> list[PromptedOutput]:
         """Logits and loss per member: the loss is each member's own mean over its target

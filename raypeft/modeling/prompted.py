@@ -19,6 +19,12 @@ from torch import nn
 from raypeft.methods import MethodConfig, PromptMethod, build_method
 from raypeft.modeling.backbones import Backbone, transformer_layers
 from raypeft.modeling.dropout import set_dropout_rate, trains_with_dropout
+from raypeft.modeling.head_pooling import (
+    head_style,
+    input_mean,
+    pooled_logits,
+    resolve_head_pooling,
+)
 from raypeft.modeling.precision import autocast
 from raypeft.modeling.seq2seq_scoring import rank_predictions, verbalizer_ids
 
@@ -45,6 +51,10 @@ class PromptedModel(nn.Module):
     training mode the backbone's dropout runs at its config's rates (``"config"``), at a given
     rate, or not at all (``0``: the backbone stays in eval mode). Evaluation is always
     without dropout.
+
+    ``head_pooling`` (``model.head_pooling``; :mod:`raypeft.modeling.head_pooling`): the head
+    reads the position transformers' head reads (``first``), or the mean of the input's own
+    token states (``mean``; ``auto`` picks it for mean-pooling sentence encoders).
     """
 
     def __init__(
@@ -53,10 +63,13 @@ class PromptedModel(nn.Module):
         method_config: MethodConfig,
         *,
         backbone_dropout: float | str = "config",
+        head_pooling: str = "first",
     ):
         super().__init__()
         self.backbone = backbone.model
         self.dims = backbone.dims
+        self.head_pooling = resolve_head_pooling(head_pooling, backbone.dims)
+        self.head_style = head_style(self.backbone) if self.head_pooling == "mean" else None
         resolved = method_config.resolve(backbone.dims)
         resolved.check_backbone(backbone.dims)
         resolved.warm_up(backbone)  # artefacts the driver built, unless this machine lacks them
@@ -138,14 +151,19 @@ class PromptedModel(nn.Module):
             with autocast(self.precision, input_ids.device):  # the loss is fp32 under autocast
                 out = self.backbone(**kwargs, labels=targets)
             return PromptedOutput(logits=out.logits, loss=out.loss.float())
-        logits = self._head_logits(kwargs, input_ids.device)
+        logits = self._head_logits(kwargs, attention_mask)
         loss = None if labels is None else head_loss(logits, labels)
         return PromptedOutput(logits=logits, loss=loss)
 
-    def _head_logits(self, kwargs: dict, device: torch.device) -> torch.Tensor:
-        """The head's outputs for the backbone's inputs, in float32 whatever the precision."""
-        with autocast(self.precision, device):
-            return self.backbone(**kwargs).logits.float()
+    def _head_logits(self, kwargs: dict, input_mask: torch.Tensor) -> torch.Tensor:
+        """The head's outputs for the backbone's inputs, in float32 whatever the precision
+        (``input_mask``: the input's own attention mask, which ``mean`` pools over)."""
+        with autocast(self.precision, input_mask.device):
+            if self.head_style is None:
+                return self.backbone(**kwargs).logits.float()
+            hidden = self.backbone.base_model(**kwargs)[0]
+            pooled = input_mean(hidden, input_mask)
+            return pooled_logits(self.backbone, self.head_style, pooled).float()
 
     @torch.no_grad()
     def predict(
@@ -157,7 +175,7 @@ class PromptedModel(nn.Module):
         ``rank`` (default: :attr:`seq2seq_scoring`) a classification task's likeliest class."""
         kwargs = self.backbone_inputs(input_ids, attention_mask, token_type_ids, features)
         if self.kind != "seq2seq":
-            return self._head_logits(kwargs, input_ids.device).cpu().numpy()
+            return self._head_logits(kwargs, attention_mask).cpu().numpy()
         if self.ranks(scoring):
             targets = verbalizer_ids(self.tokenizer, self.verbalizers)
             return rank_predictions(self.backbone, kwargs, targets, self.precision)

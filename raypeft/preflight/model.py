@@ -20,6 +20,7 @@ from raypeft.modeling.backbones import (
     load_config,
     load_tokenizer,
 )
+from raypeft.modeling.head_pooling import resolve_head_pooling
 
 _ALIASES_HINT = "minilm, tiny-bert, tiny-t5, tiny-gpt2, tiny-llama"
 
@@ -43,6 +44,7 @@ def check_model(model: ModelConfig, spec: TaskSpec) -> CheckedModel:
     config = load_config(model, spec.num_labels or 2, spec.problem)
     _check_tokenizer(model)
     dims = backbone_dims(config, model.max_length, model.name)
+    resolve_head_pooling(model.head_pooling, dims)  # mean on a decoder or seq2seq model fails
     return CheckedModel(config, dims, absolute_positions(config))
 
 

@@ -395,6 +395,12 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
     # peft runs the exported (float32) tensors in fp32: verify against raypeft in fp32 too
     predictor = Predictor.from_folder(model_folder, device="cpu", precision="fp32")
     cfg, meta, model = predictor.cfg, predictor.meta, predictor.model
+    if model.head_pooling == "mean":
+        raise ConfigError(
+            f"model.head_pooling: this model's head reads the mean of its input tokens "
+            f"({cfg.model.head_pooling} resolved to mean); peft's heads read the first "
+            "position, so only a model trained with model.head_pooling: first exports"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:

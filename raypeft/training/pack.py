@@ -36,6 +36,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask
 from raypeft.modeling.build import build_model
 from raypeft.modeling.cache import cached_backbone
+from raypeft.modeling.head_pooling import resolve_head_pooling
 from raypeft.modeling.packed import MemberRNG, PackedBackbone, PackEntry, PackShape, packable
 from raypeft.modeling.precision import resolve_precision
 from raypeft.modeling.prompted import PromptedModel
@@ -351,7 +352,11 @@ class Pack:
                 device=self.device,
             )
         return PackedBackbone(
-            backbone.model, backbone.dims.kind, precision, cfg.train.backbone_dropout
+            backbone.model,
+            backbone.dims.kind,
+            precision,
+            cfg.train.backbone_dropout,
+            resolve_head_pooling(cfg.model.head_pooling, backbone.dims),
         )
 
 

@@ -95,9 +95,11 @@ def member_method(method, index: int):
     return type(method).model_validate({**values, **update})
 
 
-def experiments(name: str, variant: str, backbone: str, task_files) -> list[ExperimentConfig]:
+def experiments(
+    name: str, variant: str, backbone: str, task_files, head_pooling: str = "auto"
+) -> list[ExperimentConfig]:
     """The pack's three members; skips where the method does not run on the backbone."""
-    model = ModelConfig(name=backbone, max_length=MAX_LENGTH)
+    model = ModelConfig(name=backbone, max_length=MAX_LENGTH, head_pooling=head_pooling)
     dims = backbone_dims(load_config(model, 2, "classification"), MAX_LENGTH, backbone)
     base = METHODS[name].config_cls.examples()[variant]
     cfgs = []
@@ -173,11 +175,23 @@ def test_a_pack_trains_each_member_as_alone(name, variant, backbone, task_files)
     assert packed["m0"][-1]["pack_padding_waste"] > 0
 
 
-@pytest.mark.parametrize(("name", "variant", "backbone"), FIRST_VARIANTS)
-def test_a_member_gets_its_own_gradients(name, variant, backbone, task_files):
+MEAN_HEAD_VARIANTS = [  # model.head_pooling: mean (encoders only)
+    pytest.param(
+        name, next(iter(cls.config_cls.examples())), "tiny-bert", "mean", id=f"{name}-mean"
+    )
+    for name, cls in sorted(METHODS.items())
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "variant", "backbone", "head_pooling"),
+    [pytest.param(*p.values, "auto", id=p.id) for p in FIRST_VARIANTS] + MEAN_HEAD_VARIANTS,
+)
+def test_a_member_gets_its_own_gradients(name, variant, backbone, head_pooling, task_files):
     """The sum of the members' losses, back-propagated once, gives each member the gradients
-    its own loss gives it alone (checked tensor by tensor), whatever its rows' count."""
-    cfgs = experiments(name, variant, backbone, task_files)
+    its own loss gives it alone (checked tensor by tensor), whatever its rows' count; with a
+    mean head too (each member pools its own input tokens, between its prompt and padding)."""
+    cfgs = experiments(name, variant, backbone, task_files, head_pooling)
     task = tokenized(backbone, cfgs[0].task, cfgs[0].model)
     pack = Pack(task, capacity=3)
     members = [pack.add(MemberSpec(f"m{i}", cfg)) for i, cfg in enumerate(cfgs)]
@@ -202,15 +216,18 @@ def _trainable(model):
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-@pytest.mark.parametrize("backbone", BACKBONES)
-def test_members_of_different_methods_pack_together(backbone, task_files):
+@pytest.mark.parametrize(
+    ("backbone", "head_pooling"), [(b, "auto") for b in BACKBONES] + [("tiny-bert", "mean")]
+)
+def test_members_of_different_methods_pack_together(backbone, head_pooling, task_files):
     """One member per registered method (its first variant that runs on the backbone) in one
-    pack: prompts, key/value prefixes and layer prompts of every kind side by side."""
+    pack: prompts, key/value prefixes and layer prompts of every kind side by side (and, with
+    a mean head, of every length before each member's input tokens)."""
     cfgs = []
     for name, cls in sorted(METHODS.items()):
         for variant in cls.config_cls.examples():
             try:
-                cfg = experiments(name, variant, backbone, task_files)[0]
+                cfg = experiments(name, variant, backbone, task_files, head_pooling)[0]
             except pytest.skip.Exception:
                 continue
             cfgs.append(

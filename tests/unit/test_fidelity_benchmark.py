@@ -77,8 +77,8 @@ def test_tiny_benchmark_runs_resumes_and_reports(tmp_path):
     records = _lines(results)
     # main: 2 tasks × 4 methods × (2 rates at seed 0 + seed 1); curve: m=20 × 2 seeds (m=60 is
     # the main table's DePT); ablations: init (PT, DePT), dropout (PT, DePT, IDPG), low-rank
-    # start (DePT), each × 2 seeds
-    assert len(records) == 24 + 2 + 12, first.stdout[-3000:]
+    # start (DePT), head pooling (all four), each × 2 seeds
+    assert len(records) == 24 + 2 + 12 + 8, first.stdout[-3000:]
     assert len({r["key"] for r in records}) == len(records)
     assert all(r["failed"] is None and r["step_s"] > 0 for r in records)
     assert {r["method"] for r in records} == {"PT", "DePT", "M-IDPG-PHM", "IPT"}
@@ -87,6 +87,7 @@ def test_tiny_benchmark_runs_resumes_and_reports(tmp_path):
     assert ("DePT", (("method.lowrank_init", "paper"),)) in ablated
     assert ("M-IDPG-PHM", (("train.backbone_dropout", 0),)) in ablated
     assert ("DePT", (("method.prompt_length", 20),)) in ablated
+    assert ("IPT", (("model.head_pooling", "first"),)) in ablated
     assert len({r["params"] for r in records if r["method"] == "PT"}) == 1  # one budget
     # every evaluation's validation score (accuracy where the task has it): the learning curve
     assert all(len(r["val_curve"]) == 2 and r["val_curve"][-1][0] == 4 for r in records)
@@ -173,8 +174,9 @@ def test_the_rate_is_chosen_on_validation_once_its_grid_has_finished():
     records[pt_high.key(setting)] = _finished(fp, setting, pt_high, 0.7)
     assert fp.chosen_lr(plan, setting, records, "mr", "PT") == pt_high.lr
     released = fp.benchmark_runs(plan, setting, records)[len(grid) :]
-    # PT's seeds 1 and 2 and its ablations (init, dropout: 3 seeds each); DePT's wait
-    assert {r.method for r in released} == {"PT"} and len(released) == 2 + 3 + 3
+    # PT's seeds 1 and 2 and its ablations (init, dropout, head pooling: 3 seeds each); DePT's
+    # wait
+    assert {r.method for r in released} == {"PT"} and len(released) == 2 + 3 + 3 + 3
     assert all(r.lr == pt_high.lr for r in released)
     # a tie goes to the first rate; a diverged run (no val) loses
     records[pt_high.key(setting)] = _finished(fp, setting, pt_high, 0.6)

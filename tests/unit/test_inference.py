@@ -39,11 +39,15 @@ IPT = {"name": "ipt", "prompt_length": 4, "placement": "deep", "lr": 0.05}
 TWEETS = {"name": "tweet_sentiment", "max_train_examples": 32, "max_eval_examples": 20}
 
 
-def experiment(model: str, method: dict, task: dict | None = None) -> ExperimentConfig:
+MEAN_HEAD = {"name": "tiny-bert", "head_pooling": "mean"}  # a model section with its name
+
+
+def experiment(model: str | dict, method: dict, task: dict | None = None) -> ExperimentConfig:
+    section = {"name": model} if isinstance(model, str) else model
     return ExperimentConfig.model_validate(
         {
             "name": "unit-inference",
-            "model": {"name": model, "max_length": S},
+            "model": {**section, "max_length": S},
             "task": {**TWEETS, "max_test_examples": 8} if task is None else task,
             "method": method,
             "train": {
@@ -129,6 +133,8 @@ def pair_task_files(tmp_path_factory) -> dict:
         ("tiny-bert", IDPG),
         ("tiny-bert", PREFIX_KV),
         ("tiny-bert", IPT),
+        (MEAN_HEAD, PT),
+        (MEAN_HEAD, IDPG),
         ("tiny-gpt2", PT),
         ("tiny-gpt2", IDPG),
         ("tiny-t5", DEPT),
@@ -360,6 +366,17 @@ def test_export_refuses_methods_without_peft_equivalent(trained, tmp_path, metho
 
     _, _, folder = trained("tiny-bert", method)
     with pytest.raises(ConfigError, match=message):
+        export_peft(folder, tmp_path / "adapter")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_refuses_a_mean_head(trained, tmp_path):
+    """peft's heads read the first position: a model whose head reads the mean of its input
+    tokens (model.head_pooling: mean) has no peft equivalent."""
+    from raypeft.serving.export import export_peft
+
+    _, _, folder = trained(MEAN_HEAD, PT)
+    with pytest.raises(ConfigError, match=r"model.head_pooling: .* model.head_pooling: first"):
         export_peft(folder, tmp_path / "adapter")
     assert list(tmp_path.iterdir()) == []
 

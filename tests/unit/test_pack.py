@@ -66,7 +66,13 @@ def task() -> TokenizedTask:
     )
 
 
-def experiment(length: int = 4, lr: float = 0.05, model: str = "tiny-bert", **train_kw):
+def experiment(
+    length: int = 4,
+    lr: float = 0.05,
+    model: str = "tiny-bert",
+    head_pooling: str = "auto",
+    **train_kw,
+):
     train_kw = {
         "max_steps": 4,
         "eval_every": 1,
@@ -79,7 +85,7 @@ def experiment(length: int = 4, lr: float = 0.05, model: str = "tiny-bert", **tr
     }
     return ExperimentConfig(
         name="unit",
-        model=ModelConfig(name=model, max_length=S),
+        model=ModelConfig(name=model, max_length=S, head_pooling=head_pooling),
         method=PromptTuningConfig(prompt_length=length, lr=lr),
         train=TrainConfig(**train_kw),
     )
@@ -237,6 +243,8 @@ def test_a_trial_that_cannot_share_the_backbone_is_refused(task):
         pack.add(MemberSpec("c", experiment(precision="bf16")))
     with pytest.raises(ValueError, match="backbone_dropout"):  # one backbone, one dropout
         pack.add(MemberSpec("g", experiment(backbone_dropout="config")))
+    with pytest.raises(ValueError, match="head_pooling 'mean' differs from the pack's 'first'"):
+        pack.add(MemberSpec("h", experiment(head_pooling="mean")))
     pack.add(MemberSpec("d", experiment(5)))
     pack.add(MemberSpec("e", experiment(6)))
     with pytest.raises(ValueError, match="the pack is full"):

@@ -42,6 +42,11 @@ CASES: list[Case] = [
         exp(model={"name": "tiny-bert", "max_length": 510}),
         ("method", "`model.max_length + prompt_length <= 512` must hold", "510 + 4 = 514"),
     ),
+    Case(
+        "mean-head-pooling-on-a-decoder",
+        exp(model={"name": "tiny-gpt2", "max_length": 16, "head_pooling": "mean"}),
+        ("model.head_pooling", "mean", "tiny-gpt2 is a decoder", "use first or auto"),
+    ),
     # ---- impossible budgets and sizes
     Case(
         "dept-m-not-below-l",
