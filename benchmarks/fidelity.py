@@ -58,6 +58,8 @@ Usage::
     python benchmarks/fidelity.py --data-dir ../shared/data               # the benchmark
     python benchmarks/fidelity.py --data-dir ../shared/data --report      # its tables
     python benchmarks/fidelity.py --data-dir ../shared/data --estimate    # the cost only
+    python benchmarks/fidelity.py --data-dir ../shared/data --tasks trec,cola --results X
+                                          # the shared data's tasks the benchmark leaves out
     python benchmarks/fidelity.py --tiny --data-dir DIR                   # tests: tiny model
 """
 
@@ -75,11 +77,13 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NoReturn
 
 from fidelity_plan import (
     CALIBRATION_TASKS,
     DEPT_M,
     METHODS,
+    OTHER_TASKS,
     TASKS,
     Plan,
     Records,
@@ -156,27 +160,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def usage_error(message: str) -> NoReturn:
+    """One line on stderr and exit code 2, as argparse does for a bad flag."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def _names(text: str, known, flag: str) -> tuple[str, ...]:
     """A comma-separated list checked against the known names."""
     names = tuple(x for x in text.split(",") if x)
     unknown = [x for x in names if x not in known]
     if unknown:
-        sys.exit(f"error: {flag}: unknown {unknown}; choose from {list(known)}")
+        usage_error(f"{flag}: unknown {unknown}; choose from {list(known)}")
     return names
+
+
+KNOWN_TASKS = TASKS + OTHER_TASKS
 
 
 def plan_of(args: argparse.Namespace) -> Plan:
     """What this command trains."""
     return Plan(
-        tasks=_names(args.tasks, TASKS, "--tasks"),
+        tasks=_names(args.tasks, KNOWN_TASKS, "--tasks"),
         methods=_names(args.methods, METHODS, "--methods"),
         lrs=args.lrs,
         seeds=args.seeds,
         steps=args.steps,
-        curve_tasks=_names(args.curve_tasks, TASKS, "--curve-tasks"),
+        curve_tasks=_names(args.curve_tasks, KNOWN_TASKS, "--curve-tasks"),
         curve_m=tuple(int(m) for m in args.curve_m.split(",") if m),
-        ablation_tasks=_names(args.ablation_tasks, TASKS, "--ablation-tasks"),
-        calibrate_tasks=_names(args.calibrate_tasks, TASKS, "--calibrate-tasks"),
+        ablation_tasks=_names(args.ablation_tasks, KNOWN_TASKS, "--ablation-tasks"),
+        calibrate_tasks=_names(args.calibrate_tasks, KNOWN_TASKS, "--calibrate-tasks"),
         calibrate_steps=tuple(sorted(int(s) for s in args.calibrate_steps.split(","))),
         margin=args.margin,
     )
@@ -499,7 +512,7 @@ def report_only(args, plan: Plan, store: ResultStore) -> list[str]:
     """The tables from the results file alone."""
     setting = stored_setting(args, store)
     if setting is None:
-        sys.exit(f"error: {args.results} holds no run of this setting (give the run's flags)")
+        usage_error(f"{args.results} holds no run of this setting (give the run's flags)")
     records = store.records(setting)
     if not args.calibrate:
         return benchmark_report(plan, setting, records, command_line(args))
@@ -523,7 +536,7 @@ def main(argv: list[str] | None = None) -> None:
         lines = report_only(args, plan, store)
     else:
         if not args.data_dir or not Path(args.data_dir).is_dir():
-            sys.exit("error: name the shared data folder with --data-dir or RAYPEFT_SHARED_DATA")
+            usage_error("--data-dir: name the shared data folder (or set RAYPEFT_SHARED_DATA)")
         args.data_path = Path(args.data_dir).resolve()  # the command line shows it as given
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the pool is terminated on exit

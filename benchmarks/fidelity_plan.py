@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 TASKS = ("mr", "subj", "cr", "mpqa", "sst2", "rte", "mrpc", "stsb")
+# the shared data's other tasks: the benchmark runs on them when named (--tasks trec,...)
+OTHER_TASKS = ("sst2_sentence", "trec", "cola")
 CALIBRATION_TASKS = ("sst2", "mpqa", "mrpc")  # where PT stayed at the majority class at 60 steps
 
 LearningRate = float | tuple[float, float]  # DePT's is (α1, α2)

@@ -224,12 +224,18 @@ def benchmark_report(plan: Plan, setting: Setting, records: Records, command: st
         f" ({', '.join(sorted({str(r.get('precision')) for r in ours}))})"
     )
     curve = f"DePT's m against r at the fixed budget (rate chosen for m={DEPT_M})"
-    ablations = "Each fix against the old behaviour (at the default's chosen rate)"
-    claims = "Do the papers' claims hold here?"
+    sections = [  # a part the command left out (e.g. --curve-tasks "") prints nothing
+        ("Do the papers' claims hold here?", claims_table(res)),
+        ("", lr_table(res)),
+        (curve, curve_table(res) if res.plan.curve_tasks else []),
+        ("Each fix against the old behaviour (at the default's chosen rate)", ablation_table(res)),
+    ]
+    lines = [intro, "", *main_table(res), ""]
+    for title, table in sections:
+        if len(table) > 2:  # a header, its rule and at least one row
+            lines += ([title, ""] if title else []) + [*table, ""]
     return [
-        intro, "", *main_table(res), "", claims, "", *claims_table(res), "", *lr_table(res), "",
-        curve, "", *curve_table(res), "", ablations, "", *ablation_table(res), "",
-        f"{len(ours)} runs, {minutes:.0f} run-minutes. Reproduce with:", "",
+        *lines, f"{len(ours)} runs, {minutes:.0f} run-minutes. Reproduce with:", "",
         "```bash", command, "```",
     ]  # fmt: skip
 

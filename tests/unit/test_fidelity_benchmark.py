@@ -15,14 +15,15 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "fidelity.py"
 SINGLE = ("mr", "sst2", "mpqa")  # {"sentence", "label"}
 PAIRS = ("mrpc", "stsb")  # {"sentence1", "sentence2", "label"}
-NO_TEST = ("sst2",)  # as GLUE ships it: validation is halved into validation and test
+OTHER = ("trec", "cola")  # tasks of the shared data the benchmark leaves out unless named
+NO_TEST = ("sst2", "cola")  # as GLUE ships it: validation is halved into validation and test
 WORDS = "good bad fine awful great poor nice dull the a film story".split()
 
 
 def _write_tiny_data(folder: Path) -> Path:
     """Every task the tiny runs read, in ../shared/data's layout and columns."""
     rng = random.Random(0)
-    for task in SINGLE + PAIRS:
+    for task in SINGLE + PAIRS + OTHER:
         splits = ("train", "validation") + (() if task in NO_TEST else ("test",))
         (folder / task).mkdir(parents=True)
         for split in splits:
@@ -34,7 +35,7 @@ def _write_tiny_data(folder: Path) -> Path:
 
 def _row(task: str, i: int, rng: random.Random) -> dict:
     words = " ".join(rng.choice(WORDS) for _ in range(6))
-    label = round(rng.uniform(0, 5), 2) if task == "stsb" else i % 2
+    label = round(rng.uniform(0, 5), 2) if task == "stsb" else i % (6 if task == "trec" else 2)
     if task in PAIRS:
         return {"sentence1": words, "sentence2": words[::-1], "label": label}
     return {"sentence": words, "label": label}
@@ -134,6 +135,33 @@ def test_tiny_calibration_reports_the_majority_class_and_a_count(tmp_path):
     assert {r["task"] for r in runs} == {"sst2", "mpqa", "mrpc"}
     assert {r["method"] for r in runs} == {"PT"} and {r["steps"] for r in runs} <= {2, 4}
     assert _fidelity(tmp_path, *args, "--report").stdout.count("| 2 |") == 1
+
+
+def test_tiny_benchmark_runs_on_the_shared_data_s_other_tasks(tmp_path):
+    """TREC (six classes) and CoLA (Matthews correlation; no labelled test split) when named."""
+    data = _write_tiny_data(tmp_path / "data")
+    results = tmp_path / "fidelity.jsonl"
+    args = ["--tiny", "--data-dir", str(data), "--results", str(results), "--tasks", "trec,cola"]
+    args += ["--methods", "PT", "--lrs", "1", "--seeds", "1", "--curve-tasks", ""]
+    args += ["--ablation-tasks", ""]
+    out = _fidelity(tmp_path, *args).stdout
+    runs = _lines(results)
+    assert {(r["task"], r["method"]) for r in runs} == {("trec", "PT"), ("cola", "PT")}
+    assert all(r["failed"] is None for r in runs)
+    assert "| trec | accuracy |" in out and "| cola | matthews_correlation |" in out
+
+
+def test_an_unknown_task_is_refused_in_one_line(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--report", "--tasks", "mr,qqq"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "--tasks: unknown ['qqq']" in proc.stderr and "'trec'" in proc.stderr
 
 
 # ------------------------------------------------------------------ planning, without training
