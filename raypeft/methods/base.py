@@ -140,6 +140,12 @@ class MethodConfig(MethodConfigBase):
         that they fit the backbone's absolute position embeddings with ``model.max_length``."""
         return 0
 
+    def prefix_length(self) -> int:
+        """Key/value slots this (resolved) config prepends in every attention layer (deep
+        prompts' ``kv`` style), 0 if it prepends none. A pack pads its members' prefixes to the
+        longest, so its registry seats configurations of one length together."""
+        return 0
+
     def check_inputs(self) -> None:
         """Cheap checks of what the method reads before trials start (e.g. IPT's pretraining
         corpus exists), run by ``raypeft validate`` and ``tune`` for every setting the space

@@ -94,6 +94,9 @@ class DeepPromptConfig(MethodConfig):
     def prompt_positions(self) -> int:
         return 0 if self.style == "kv" else self.prompt_length  # kv: keys only, no positions
 
+    def prefix_length(self) -> int:
+        return self.prompt_length if self.style == "kv" else 0
+
     def check_backbone(self, dims: BackboneDims) -> None:
         if self.style == "kv" and dims.kind == "seq2seq":
             raise ValueError(

@@ -11,8 +11,12 @@ reports for it: the metrics and checkpoint of each evaluation, exactly those it 
 alone (:mod:`raypeft.training.pack_host`), plus the pack's id, size and padding waste.
 
 A per-search :class:`PackRegistry` (a Ray actor the search owns, so its servers end with the
-search) seats each trial in a server of its node, device and backbone with a free slot, the
-fullest first, and starts a server where none has one.
+search) seats each trial in a server of its node, device and backbone with a free slot, and
+starts a server where none has one. A pack pads its members' prompts to the longest (a
+search that samples DePT's m mixes lengths), so the registry groups them by prompt shape:
+while the node has room for another pack, a trial whose shape no pack holds opens one; once
+the node's packs cover it, a trial takes the free slot that adds the least padding, the
+fullest pack first among equals.
 
 How a member learns that Tune is done with its trial (Ray 2.60, ``ray.train._internal.session``):
 a function trainable's ``tune.report`` blocks until Tune asks the trial for its next result
@@ -36,7 +40,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raypeft.config.schema import ExperimentConfig, trial_config
 from raypeft.data import TokenizedTask
+from raypeft.methods import BackboneDims, MethodConfig
 from raypeft.modeling.backbones import built_from_config
 from raypeft.search.resources import trial_request, trials_on
 from raypeft.search.trial_runners import _checkpoint_folder, trial_in_process, worker_identity
@@ -86,10 +91,38 @@ def backbone_group(cfg: ExperimentConfig) -> str:
     return json.dumps({**key, "seed": seed}, sort_keys=True)
 
 
+@dataclass(frozen=True)
+class PromptShape:
+    """What a member pads its pack's fused batch to: the prompt positions it prepends and the
+    key/value prefix slots (deep prompts' ``kv`` style) it adds in each layer."""
+
+    positions: int = 0
+    prefix: int = 0
+
+    @classmethod
+    def of(cls, method: MethodConfig, dims: BackboneDims) -> PromptShape:
+        resolved = method.resolve(dims)  # a budget's derived length
+        return cls(resolved.prompt_positions(), resolved.prefix_length())
+
+
+def padding_per_row(shapes: Collection[PromptShape]) -> int:
+    """Padded slots in each row of a pack of members of these shapes: each member's prompt
+    and prefix padded to the longest."""
+    if not shapes:
+        return 0
+    longest = max(s.positions for s in shapes), max(s.prefix for s in shapes)
+    return sum(longest[0] - s.positions + longest[1] - s.prefix for s in shapes)
+
+
 @dataclass
 class _Seats:
     place: Place
-    keys: set[str] = field(default_factory=set)
+    keys: dict[str, PromptShape] = field(default_factory=dict)  # seated trial -> its shape
+
+    def padding_added(self, shape: PromptShape) -> int:
+        """Padded slots per row that seating a member of ``shape`` here adds."""
+        shapes = list(self.keys.values())
+        return padding_per_row([*shapes, shape]) - padding_per_row(shapes)
 
 
 class PackBook:
@@ -112,11 +145,21 @@ class PackBook:
     def count(self, place: Place) -> int:
         return sum(1 for p in self.packs.values() if p.place == place)
 
-    def place(self, key: str, place: Place, actor: str) -> tuple[str | None, list[tuple]]:
-        """Seat trial ``key`` (run by Tune actor ``actor``) in the fullest pack of ``place``
-        with a free slot. Returns ``(pack id, None: all full)`` and the stale seats it freed
-        ``[(pack id, key)]``: an earlier run of this trial (restarted), or the trial the same
-        actor ran before (a reused actor runs one trial at a time)."""
+    def place(
+        self,
+        key: str,
+        place: Place,
+        actor: str,
+        shape: PromptShape = PromptShape(),
+        *,
+        exact: bool = False,
+    ) -> tuple[str | None, list[tuple]]:
+        """Seat trial ``key`` (run by Tune actor ``actor``) in the pack of ``place`` with a
+        free slot where its ``shape`` adds the least padding, the fullest first among equals;
+        with ``exact``, only where it adds none. Returns ``(pack id, None: no such slot)`` and
+        the stale seats it freed ``[(pack id, key)]``: an earlier run of this trial
+        (restarted), or the trial the same actor ran before (a reused actor runs one trial at
+        a time)."""
         stale = []
         for old in {key, self.trial_of.get(actor)} - {None}:
             pack_id = self.release(old)
@@ -124,18 +167,19 @@ class PackBook:
                 stale.append((pack_id, old))
         self.trial_of[actor] = key
         free = [
-            (len(p.keys), pid)
+            (p.padding_added(shape), -len(p.keys), pid)
             for pid, p in self.packs.items()
             if p.place == place and len(p.keys) < self.capacity
         ]
+        free = [f for f in free if f[0] == 0] if exact else free
         if not free:
             return None, stale
-        pack_id = max(free, key=lambda x: x[0])[1]  # the fullest: packs fill before new ones
-        self.sit(key, pack_id)
+        pack_id = min(free)[2]  # least padding; among equals the fullest: packs fill first
+        self.sit(key, pack_id, shape)
         return pack_id, stale
 
-    def sit(self, key: str, pack_id: str) -> None:
-        self.packs[pack_id].keys.add(key)
+    def sit(self, key: str, pack_id: str, shape: PromptShape = PromptShape()) -> None:
+        self.packs[pack_id].keys[key] = shape
         self.seat_of[key] = pack_id
 
     def release(self, key: str, pack_id: str | None = None) -> str | None:
@@ -144,7 +188,7 @@ class PackBook:
         if seated is None or (pack_id is not None and seated != pack_id):
             return None
         del self.seat_of[key]
-        self.packs[seated].keys.discard(key)
+        self.packs[seated].keys.pop(key, None)
         return seated
 
 
@@ -154,27 +198,30 @@ class PackBook:
 class PackRegistry:
     """The search's pack servers, and which trial sits in which (a threaded Ray actor)."""
 
-    def __init__(self, cfg: ExperimentConfig, data_ref: list):
-        self.cfg, self.data_ref = cfg, data_ref
+    def __init__(self, cfg: ExperimentConfig, data_ref: list, dims: BackboneDims):
+        self.cfg, self.data_ref, self.dims = cfg, data_ref, dims
         self.capacity = cfg.resources.trials_per_worker
         self.threads = pack_threads(cfg)
         self.book = PackBook(self.capacity)
         self.servers: dict[str, Any] = {}
         self.cond = threading.Condition()
 
-    def assign(self, key: str, place: Place, actor: str) -> tuple[str, Any]:
-        """A seat for trial ``key``: ``(pack id, server)``; a new server where no pack of
-        its place has a free slot (after :data:`SEAT_WAIT_S` at most, when the node is
-        already covered by packs and a slot must be about to free)."""
+    def assign(self, key: str, place: Place, actor: str, method: MethodConfig) -> tuple[str, Any]:
+        """A seat for trial ``key`` (its ``method`` config gives its prompt shape): ``(pack
+        id, server)``. While the node has room for another pack, only a slot where the trial
+        adds no padding; else a new server. Once the node is covered by packs, the slot that
+        adds the least padding; a new server only where none is free after
+        :data:`SEAT_WAIT_S` (a slot must be about to free)."""
+        shape = PromptShape.of(method, self.dims)
         deadline, stale = time.monotonic() + SEAT_WAIT_S, []
         with self.cond:
             while True:
-                pack_id, freed = self.book.place(key, place, actor)
+                covered = self.book.count(place) >= self._packs_fit(place.node)
+                pack_id, freed = self.book.place(key, place, actor, shape, exact=not covered)
                 stale += freed
                 if pack_id is None:
-                    covered = self.book.count(place) >= self._packs_fit(place.node)
                     if not covered or time.monotonic() >= deadline:
-                        pack_id = self._open(key, place)
+                        pack_id = self._open(key, place, shape)
                 if pack_id is not None:
                     break
                 self.cond.wait(0.2)
@@ -219,7 +266,7 @@ class PackRegistry:
         )
         return math.ceil(trials_on(resources, self.cfg) / self.capacity)
 
-    def _open(self, key: str, place: Place) -> str:
+    def _open(self, key: str, place: Place, shape: PromptShape) -> str:
         """Start a pack server on the trial's node, and seat the trial in it."""
         pack_id = f"pack-{uuid.uuid4().hex[:8]}"
         options: dict[str, Any] = {
@@ -235,7 +282,7 @@ class PackRegistry:
         )
         self.servers[pack_id] = server
         self.book.open(pack_id, place)
-        self.book.sit(key, pack_id)
+        self.book.sit(key, pack_id, shape)
         return pack_id
 
 
@@ -353,13 +400,14 @@ def pack_threads(cfg: ExperimentConfig) -> int:
 
 
 @contextlib.contextmanager
-def open_packs(cfg: ExperimentConfig, data_ref) -> Iterator[Any]:
+def open_packs(cfg: ExperimentConfig, data_ref, dims: BackboneDims) -> Iterator[Any]:
     """The search's pack registry while a Tune experiment runs (None: trials do not pack);
-    its pack servers end with it."""
+    its pack servers end with it. ``dims``: the backbone's, to resolve each trial's prompt
+    shape."""
     if cfg.resources.trials_per_worker == 1:
         yield None
         return
-    registry = _RemoteRegistry.options(num_cpus=0, max_concurrency=64).remote(cfg, [data_ref])
+    registry = _RemoteRegistry.options(num_cpus=0, max_concurrency=64).remote(cfg, [data_ref], dims)
     try:
         yield registry
     finally:
@@ -418,7 +466,8 @@ def take_seat(registry, key: str, cfg: ExperimentConfig, resume_from: Path | Non
     spec = MemberSpec(key, cfg, resume_from)
     retried = False
     while True:
-        pack_id, server = ray.get(registry.assign.remote(key, place, context.get_actor_id()))
+        assigned = registry.assign.remote(key, place, context.get_actor_id(), cfg.method)
+        pack_id, server = ray.get(assigned)
         try:
             actor = context.current_actor
             identity = ray.get(server.join.remote(spec, actor, context.get_actor_id()))

@@ -422,6 +422,7 @@ def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
     runner = TuneRunner(
         cfg,
         ray.put(prep.data),  # tokenised once; every trial reads this one copy
+        prep.dims,
         records.tracker,
         records.trial_records,
         live_table=None if opts.quiet else _live_table(prep, opts),

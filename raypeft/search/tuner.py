@@ -152,6 +152,7 @@ class TuneRunner:
 
     cfg: ExperimentConfig
     data_ref: Any  # the tokenised task in Ray's object store (ray.ObjectRef)
+    dims: BackboneDims  # the backbone's: a packed trial's prompt shape
     tracker: MLflowTrialCallback  # every trial mirrored to an MLflow run
     trial_records: Callback  # after the tracker: dataset inputs, system metrics, models
     live_table: Callable[[int], Callback] | None  # num_samples -> progress table; None: quiet
@@ -176,7 +177,7 @@ class TuneRunner:
         callbacks = self.callbacks(num_samples)
         path = experiment_path(self.cfg, name)
         # resources.trials_per_worker > 1: this experiment's pack servers, ended with it
-        with open_packs(self.cfg, self.data_ref) as packs:
+        with open_packs(self.cfg, self.data_ref, self.dims) as packs:
             trainable = self._trainable(packs)
             if self.resume and tune.Tuner.can_restore(path):
                 tuner = tune.Tuner.restore(

@@ -137,6 +137,26 @@ def test_shapes_and_predictions(name, variant, backbone, task_files):
         assert preds.shape == (8, 2) and np.isfinite(preds).all()
 
 
+@pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
+def test_prompt_positions_and_prefix_are_what_the_method_prepends(
+    name, variant, backbone, task_files
+):
+    """What preflight checks against the position embeddings and what a pack registry seats
+    trials by (their prompt shape) is what the method's inputs hold."""
+    _, _, model, batch = make_case(name, variant, backbone, task_files)
+    resolved = model.method.config.resolve(model.method.dims)
+    kwargs = model.backbone_inputs(
+        batch["input_ids"],
+        batch["attention_mask"],
+        batch.get("token_type_ids"),
+        batch.get("features"),
+    )
+    cache = kwargs.get("past_key_values")
+    positions = kwargs["inputs_embeds"].shape[1] - batch["input_ids"].shape[1]
+    assert positions == resolved.prompt_positions()
+    assert (0 if cache is None else cache.get_seq_length()) == resolved.prefix_length()
+
+
 @pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
 def test_only_the_method_and_head_train(name, variant, backbone, precision, task_files):

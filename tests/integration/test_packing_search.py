@@ -2,7 +2,8 @@
 still a trial. Read back from MLflow and Optuna:
 
 - a packed search gives, run for run, the params and the metrics at every evaluation of its
-  unpacked twin (fp32; the backbone runs without dropout);
+  unpacked twin (fp32; the backbone runs without dropout); with room for two packs, its
+  registry seats the configurations of one prompt length together (no padding);
 - under ASHA, members the scheduler stops leave their pack, and the next configurations take
   their slots: every configuration gets its trial, and no pack ever holds more than K.
 """
@@ -110,9 +111,14 @@ def test_a_packed_search_matches_its_unpacked_twin_run_for_run(tmp_path):
         "search": {"num_samples": 4, "sampler": "grid", "scheduler": {"type": "none"}},
     }
     alone = search(tmp_path, "alone", {"cpus_per_worker": 1}, **sections)
-    packed = search(tmp_path, "packed", {"cpus_per_worker": K, "trials_per_worker": K}, **sections)
+    # 1/K of a CPU per member: two packs of K fit two cores, so four trials run at once
+    packed = search(tmp_path, "packed", {"cpus_per_worker": 1, "trials_per_worker": K}, **sections)
 
     assert_twins(alone, packed)
+    # grouped by prompt length (fullest-first seating would have put lengths 2 and 6 in one
+    # pack): no member was ever padded
+    for _, run in by_config(packed).values():
+        assert run.data.metrics["pack_padding_waste"] == 0
 
 
 def test_asha_stops_members_and_the_next_configurations_take_their_slots(tmp_path):

@@ -18,8 +18,11 @@ import pytest
 from raypeft.config.schema import ExperimentConfig, ModelConfig, TrainConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
+from raypeft.methods import BackboneDims
+from raypeft.methods.deep_prompts import DeepPromptConfig
+from raypeft.methods.dept import DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
-from raypeft.search.packs import PackBook, Place, backbone_group
+from raypeft.search.packs import PackBook, Place, PromptShape, backbone_group, padding_per_row
 from raypeft.training.checkpoints import CONFIG_FILE
 from raypeft.training.loop import train
 from raypeft.training.pack import MemberSpec
@@ -265,6 +268,39 @@ def test_the_book_fills_the_fullest_pack_of_a_place_first():
     assert book.place("t5", here, "actor-5")[0] == "p2"
     assert book.place("t6", here, "actor-6")[0] is None  # every slot taken
     assert book.count(here) == 2 and book.count(there) == 0
+
+
+def test_the_book_seats_a_trial_where_it_adds_the_least_padding():
+    here = Place("g", "node-1")
+    m20, m40, m80 = PromptShape(20), PromptShape(40), PromptShape(80)  # DePT's m
+    book = PackBook(capacity=4)
+    book.open("short", here)
+    book.sit("a", "short", m20)
+    book.open("long", here)
+    book.sit("b", "long", m80)
+    book.sit("c", "long", m80)
+    # the fuller pack would pad it by 40; the emptier one adds nothing
+    assert book.place("t1", here, "actor-1", m20) == ("short", [])
+    # no pack of its length: where the padding grows least (20 against 40 + 40)
+    assert book.place("t2", here, "actor-2", PromptShape(60)) == ("long", [])
+    # exact: only a slot that adds no padding, else none (the registry opens a pack)
+    assert book.place("t3", here, "actor-3", m40, exact=True) == (None, [])
+    assert book.place("t4", here, "actor-4", m80, exact=True) == ("long", [])
+
+
+def test_padding_per_row_pads_each_prompt_and_prefix_to_the_longest():
+    assert padding_per_row([]) == 0 and padding_per_row([PromptShape(40)]) == 0
+    assert padding_per_row([PromptShape(20), PromptShape(80), PromptShape(40)]) == 60 + 40
+    assert padding_per_row([PromptShape(0, 8), PromptShape(10, 2)]) == 10 + 6
+
+
+def test_a_trial_s_prompt_shape_is_its_resolved_prompt_and_prefix():
+    dims = BackboneDims(hidden_size=32, num_layers=2, vocab_size=100, max_length=16)
+    assert PromptShape.of(PromptTuningConfig(prompt_length=7), dims) == PromptShape(7, 0)
+    dept = DePTConfig(budget_params=32 * 100, prompt_length=60)  # r derived from the budget
+    assert PromptShape.of(dept, dims) == PromptShape(60, 0)
+    kv = DeepPromptConfig(style="kv", prompt_length=3)
+    assert PromptShape.of(kv, dims) == PromptShape(0, 3)
 
 
 def test_the_book_frees_stale_seats_and_dead_packs():
