@@ -172,12 +172,16 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
 
 @pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
 def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path, packed):
-    """Packed: both trials train in one pack; the diverging member fails alone, its pack
-    mate goes on to the end."""
+    """Packed: both trials train in one pack (one prompt length: the registry seats them
+    together); the diverging member fails alone, its pack mate goes on to the end."""
     path = tiny_experiment(
         tmp_path,
         train={"warmup_ratio": 0.0},
-        space={"method.lr_prompt": {"grid": [1.0e30, 0.3]}, "method.lr_lowrank": {"grid": [1e-3]}},
+        space={
+            "method.lr_prompt": {"grid": [1.0e30, 0.3]},
+            "method.lr_lowrank": {"grid": [1e-3]},
+            "method.prompt_length": {"grid": [4]},
+        },
         search={"num_samples": 2, "scheduler": {"type": "none"}},
         **({"resources": {"trials_per_worker": 2}} if packed else {}),
     )
