@@ -213,10 +213,11 @@ class PackRegistry:
         adds the least padding; a new server only where none is free after
         :data:`SEAT_WAIT_S` (a slot must be about to free)."""
         shape = PromptShape.of(method, self.dims)
+        fit = self._packs_fit(place.node)  # the node's resources: asked once, not per wait
         deadline, stale = time.monotonic() + SEAT_WAIT_S, []
         with self.cond:
             while True:
-                covered = self.book.count(place) >= self._packs_fit(place.node)
+                covered = self.book.count(place) >= fit
                 pack_id, freed = self.book.place(key, place, actor, shape, exact=not covered)
                 stale += freed
                 if pack_id is None:
