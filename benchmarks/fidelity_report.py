@@ -153,6 +153,8 @@ def curve_table(res: Results) -> list[str]:
     """DePT's score against m at the fixed budget (r derived), PT as m = budget length, with
     the training step time relative to PT's (the paper's Figure 3)."""
     tasks = res.plan.curve_tasks
+    if not tasks:  # --curve-tasks "": no curve
+        return []
     lines = [
         "| m | r | trainable | " + " | ".join(tasks) + " | mean | step time vs PT |",
         "|---|---|---|" + "---|" * (len(tasks) + 2),
@@ -227,7 +229,7 @@ def benchmark_report(plan: Plan, setting: Setting, records: Records, command: st
     sections = [  # a part the command left out (e.g. --curve-tasks "") prints nothing
         ("Do the papers' claims hold here?", claims_table(res)),
         ("", lr_table(res)),
-        (curve, curve_table(res) if res.plan.curve_tasks else []),
+        (curve, curve_table(res)),
         ("Each fix against the old behaviour (at the default's chosen rate)", ablation_table(res)),
     ]
     lines = [intro, "", *main_table(res), ""]
