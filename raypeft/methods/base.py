@@ -18,6 +18,11 @@ from torch import nn
 
 from raypeft.config.method_configs import MethodConfigBase, config_name, register_method_config
 
+# The key under which a method's inputs hold its key/value prefix (a DynamicCache). The model
+# hands it to the backbone under the argument name the installed transformers declares
+# (raypeft.modeling.backbones.backbone_arguments): ``cache`` from 5.24, this name before.
+PREFIX_CACHE = "past_key_values"
+
 BackboneKind = Literal["encoder", "seq2seq", "decoder"]
 
 

@@ -22,6 +22,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from raypeft.methods.base import (
+    PREFIX_CACHE,
     BackboneDims,
     BudgetOption,
     MethodConfig,
@@ -175,7 +176,7 @@ class DeepPrompt(PromptMethod):
             "inputs_embeds": inputs_embeds,
             # the prefix positions are attended to by every token
             "attention_mask": torch.cat([attention_mask.new_ones(batch, t), attention_mask], 1),
-            "past_key_values": cache,
+            PREFIX_CACHE: cache,
         }
         if token_type_ids is not None:
             out["token_type_ids"] = token_type_ids

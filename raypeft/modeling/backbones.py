@@ -16,6 +16,7 @@ Three kinds of backbone, told apart by their config:
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
@@ -39,7 +40,7 @@ from transformers.utils import logging as hf_logging
 from raypeft.config.schema import ModelConfig
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
-from raypeft.methods.base import BackboneKind
+from raypeft.methods.base import PREFIX_CACHE, BackboneKind
 
 # Head module names, as peft's `modules_to_save` convention for sequence classification.
 HEAD_MODULE_NAMES = ("classifier", "score")
@@ -282,6 +283,49 @@ def transformer_layers(model: PreTrainedModel) -> nn.ModuleList:
             if isinstance(node, nn.ModuleList):
                 return node
     raise ValueError(f"cannot find the transformer layers of {type(model).__name__}")
+
+
+# transformers 5.24 renamed the models' ``past_key_values`` argument to ``cache`` (the old name
+# is a deprecated alias until 5.40) and the embeddings' ``past_key_values_length`` to
+# ``cache_length``: the names are read from the installed classes' own signatures.
+_CACHE_ARGUMENTS = ("cache", "past_key_values")
+_CACHE_LENGTH_ARGUMENTS = ("cache_length", "past_key_values_length")
+
+
+@lru_cache(maxsize=64)
+def _declared(module_class: type, candidates: tuple[str, ...]) -> str | None:
+    """The first of ``candidates`` that ``module_class.forward`` declares (read once a class:
+    every step asks)."""
+    parameters = inspect.signature(module_class.forward).parameters
+    return next((name for name in candidates if name in parameters), None)
+
+
+def cache_argument(model: PreTrainedModel) -> str | None:
+    """The argument through which ``model``'s transformer takes a key/value cache (``cache``
+    from transformers 5.24, ``past_key_values`` before), None if it takes none. A task model
+    (``BertForSequenceClassification``) passes it through ``**kwargs`` to its base model,
+    whose signature names it."""
+    return _declared(type(model.base_model), _CACHE_ARGUMENTS)
+
+
+def cache_length_argument(embeddings: nn.Module) -> str | None:
+    """The argument through which an encoder's embeddings take the length of a key/value
+    prefix to number positions after it (``cache_length`` from transformers 5.24,
+    ``past_key_values_length`` before), None if they take none."""
+    return _declared(type(embeddings), _CACHE_LENGTH_ARGUMENTS)
+
+
+def backbone_arguments(model: PreTrainedModel, inputs: dict) -> dict:
+    """A method's keyword inputs as ``model`` takes them: a key/value prefix under the name
+    the installed transformers gives it (:data:`PREFIX_CACHE` elsewhere in raypeft)."""
+    if PREFIX_CACHE not in inputs:
+        return inputs
+    name = cache_argument(model)
+    if name is None:
+        raise ValueError(f"{type(model).__name__} takes no key/value cache for a prefix")
+    renamed = {k: v for k, v in inputs.items() if k != PREFIX_CACHE}
+    renamed[name] = inputs[PREFIX_CACHE]
+    return renamed
 
 
 @dataclass

@@ -39,8 +39,12 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from raypeft.methods import MethodConfig
-from raypeft.methods.base import BackboneKind
-from raypeft.modeling.backbones import transformer_layers
+from raypeft.methods.base import PREFIX_CACHE, BackboneKind
+from raypeft.modeling.backbones import (
+    backbone_arguments,
+    cache_length_argument,
+    transformer_layers,
+)
 from raypeft.modeling.dropout import set_dropout_rate, trains_with_dropout
 from raypeft.modeling.head_pooling import head_style, input_mean, pooled_logits
 from raypeft.modeling.precision import autocast
@@ -49,7 +53,7 @@ from raypeft.modeling.prompted import PromptedModel, PromptedOutput, head_loss
 # The keyword inputs a pack knows how to fuse: what methods' prepare_inputs return, plus the
 # decoder position ids PromptedModel adds.
 PACKABLE_INPUTS = frozenset(
-    {"inputs_embeds", "attention_mask", "token_type_ids", "past_key_values", "position_ids"}
+    {"inputs_embeds", "attention_mask", "token_type_ids", PREFIX_CACHE, "position_ids"}
 )
 
 
@@ -287,10 +291,11 @@ class PackedBackbone(nn.Module):
 
     def _head_logits(self, inputs: dict, placements: list[_Placement]) -> torch.Tensor:
         with autocast(self.precision, inputs["inputs_embeds"].device):
+            arguments = backbone_arguments(self.backbone, inputs)
             if self.head_style is None:
-                return self.backbone(**inputs).logits.float()
+                return self.backbone(**arguments).logits.float()
             # mean: each member pools its own rows' input tokens (its sequence, padding cut)
-            hidden = self.backbone.base_model(**inputs)[0]
+            hidden = self.backbone.base_model(**arguments)[0]
             pooled = torch.cat(
                 [
                     input_mean(
@@ -393,7 +398,7 @@ class PackedBackbone(nn.Module):
         if positions is not None:
             inputs["position_ids"] = positions
         if past:
-            inputs["past_key_values"] = _packed_cache(prepared, past)
+            inputs[PREFIX_CACHE] = _packed_cache(prepared, past)
         return inputs, placements, _shape(placements, length, past)
 
     def _position_ids(
@@ -505,7 +510,7 @@ def _member_inputs(entry: PackEntry) -> dict:
 
 
 def _past_length(kwargs: dict) -> int:
-    cache = kwargs.get("past_key_values")
+    cache = kwargs.get(PREFIX_CACHE)
     past = 0 if cache is None else cache.get_seq_length()
     if kwargs["attention_mask"].shape[1] != past + kwargs["inputs_embeds"].shape[1]:
         raise ValueError("the attention mask must cover the key/value prefix and the sequence")
@@ -539,7 +544,7 @@ def _no_segments(kwargs: dict) -> torch.Tensor:
 def _packed_cache(prepared: list[dict], past: int) -> DynamicCache:
     """One key/value cache for the fused batch: each member's prefix padded after it with
     zeros to ``past`` slots (masked), members without a prefix all zeros."""
-    caches = [k.get("past_key_values") for k in prepared]
+    caches = [k.get(PREFIX_CACHE) for k in prepared]
     reference = next(c for c in caches if c is not None)
     cache = DynamicCache()
     for index, layer in enumerate(reference.layers):
@@ -565,11 +570,12 @@ def _probe_positions(model: PreTrainedModel, length: int, past: int) -> torch.Te
     slots, as the encoder runs them alone, and read the position ids they look up."""
     embeddings = getattr(model.base_model, "embeddings", None)
     table = getattr(embeddings, "position_embeddings", None)
-    if not isinstance(table, nn.Embedding):
+    argument = cache_length_argument(embeddings) if embeddings is not None else None
+    if not isinstance(table, nn.Embedding) or argument is None:
         raise ValueError(
             f"cannot pack key/value prefixes of different lengths on a {model.config.model_type} "
-            "encoder (no position-embedding table to read its positions from); pack members "
-            "whose prefixes have one length"
+            "encoder (its embeddings have no position table or take no prefix length); pack "
+            "members whose prefixes have one length"
         )
     seen: list[torch.Tensor] = []
     handle = table.register_forward_pre_hook(lambda module, args: seen.append(args[0]))
@@ -577,12 +583,7 @@ def _probe_positions(model: PreTrainedModel, length: int, past: int) -> torch.Te
     zeros = torch.zeros(1, length, weight.shape[1], dtype=weight.dtype, device=weight.device)
     try:
         with torch.no_grad():
-            embeddings(inputs_embeds=zeros, past_key_values_length=past)
-    except TypeError as exc:  # embeddings that take no prefix length
-        raise ValueError(
-            f"cannot pack key/value prefixes of different lengths on a {model.config.model_type} "
-            f"encoder ({exc}); pack members whose prefixes have one length"
-        ) from None
+            embeddings(inputs_embeds=zeros, **{argument: past})
     finally:
         handle.remove()
     return seen[0].reshape(1, length)

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from raypeft.methods import MethodConfig, PromptMethod, build_method
-from raypeft.modeling.backbones import Backbone, transformer_layers
+from raypeft.modeling.backbones import Backbone, backbone_arguments, transformer_layers
 from raypeft.modeling.dropout import set_dropout_rate, trains_with_dropout
 from raypeft.modeling.head_pooling import (
     head_style,
@@ -159,9 +159,10 @@ class PromptedModel(nn.Module):
         """The head's outputs for the backbone's inputs, in float32 whatever the precision
         (``input_mask``: the input's own attention mask, which ``mean`` pools over)."""
         with autocast(self.precision, input_mask.device):
+            arguments = backbone_arguments(self.backbone, kwargs)
             if self.head_style is None:
-                return self.backbone(**kwargs).logits.float()
-            hidden = self.backbone.base_model(**kwargs)[0]
+                return self.backbone(**arguments).logits.float()
+            hidden = self.backbone.base_model(**arguments)[0]
             pooled = input_mean(hidden, input_mask)
             return pooled_logits(self.backbone, self.head_style, pooled).float()
 

@@ -21,6 +21,7 @@ of pad tokens, and the logits differ. Without padding (one text at a time, or te
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import shutil
 import tempfile
@@ -83,6 +84,33 @@ def peft_type_for(cfg: ExperimentConfig) -> str:
         return cfg.method.peft_type()
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def check_peft_takes_prefix(cfg: ExperimentConfig, model) -> None:
+    """A ConfigError (one line) when the installed peft cannot hand this backbone a key/value
+    prefix. peft (0.21.2, the newest on 2026-11-25) passes PREFIX_TUNING's keys and values as
+    ``past_key_values`` and refuses a model whose forward declares no such argument
+    (``PeftModelForSequenceClassification._prefix_tuning_forward``); transformers 5.24 renamed
+    it ``cache`` (``past_key_values`` stays a deprecated alias until 5.40, which peft's
+    signature check does not see). No upstream issue or fix existed when this was written."""
+    if peft_type_for(cfg) != "PREFIX_TUNING":
+        return
+    # why: transformers loads only when exporting
+    from raypeft.modeling.backbones import cache_argument
+
+    if cache_argument(model.backbone) == "past_key_values":
+        return
+    raise ConfigError(
+        f"method.style: kv exports to peft's PREFIX_TUNING, which peft {_version('peft')} "
+        "hands the backbone as past_key_values, an argument transformers "
+        f"{_version('transformers')}'s {type(model.backbone.base_model).__name__} no longer "
+        "declares (renamed cache in 5.24); export it with transformers<5.24 (constraints.txt "
+        "pins a set that does), or serve it with raypeft (predict, mlflow models serve)"
+    )
+
+
+def _version(package: str) -> str:
+    return importlib.metadata.version(package)
 
 
 def check_out_dir(out: Path, force: bool) -> None:
@@ -401,6 +429,7 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
             f"({cfg.model.head_pooling} resolved to mean); peft's heads read the first "
             "position, so only a model trained with model.head_pooling: first exports"
         )
+    check_peft_takes_prefix(cfg, model)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:

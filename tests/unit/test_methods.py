@@ -406,3 +406,22 @@ def test_every_module_of_the_methods_package_is_imported_and_registers():
     assert set(methods._method_modules()) == files | packages
     assert all(f"raypeft.methods.{name}" in sys.modules for name in files | packages)
     assert list(METHODS)[:5] == ["pt", "dept", "prefix", "idpg", "ipt"]
+
+
+def test_a_kv_prefix_reaches_the_backbone_under_its_own_argument_name(tiny_backbone, tiny_batch):
+    """transformers 5.24 renamed the models' past_key_values argument cache (the old name a
+    deprecated alias until 5.40): the prefix goes under the name the installed model declares,
+    so a kv deep prompt neither warns nor breaks when the alias goes."""
+    import inspect
+    import warnings
+
+    from raypeft.methods.deep_prompts import DeepPromptConfig
+    from raypeft.modeling.backbones import cache_argument
+
+    model = PromptedModel(tiny_backbone(), DeepPromptConfig(style="kv", prompt_length=3))
+    declared = inspect.signature(type(model.backbone.base_model).forward).parameters
+    assert cache_argument(model.backbone) in declared
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        logits = model(**tiny_batch(batch=3)).logits
+    assert logits.shape == (3, NUM_LABELS) and torch.isfinite(logits).all()
