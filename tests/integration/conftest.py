@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
+from filelock import FileLock
 from mlflow.tracking import MlflowClient
 
 from tests.helpers import run_cli
@@ -30,9 +32,30 @@ def finished_search(tmp_path_factory) -> FinishedSearch:
     """A DePT search on tiny BERT: the α1 × α2 joint grid (2 × 2), m sampled, ASHA on.
 
     Shared by the report, predict, export and ui tests, which read it back from MLflow only.
-    Do not write into its store from a test: copy it first.
+    Do not write into its store from a test: copy it first. Under pytest-xdist each worker is
+    a session of its own: the first worker that needs the search runs it, in the folder all
+    workers of the run share, and the others wait for it and read it.
     """
-    cwd = tmp_path_factory.mktemp("finished-search")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if worker else base  # pytest-N/, above each worker's popen-gwK/
+    with FileLock(str(shared / "finished-search.lock")):
+        cwd = shared / "finished-search"
+        done = cwd / "stdout.txt"
+        if not done.exists():
+            _run_finished_search(cwd)
+    return FinishedSearch(
+        cwd=cwd,
+        experiment="tiny-search",
+        tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}",
+        stdout=done.read_text(),
+    )
+
+
+def _run_finished_search(cwd: Path) -> None:
+    """Run the shared search in ``cwd``; its output goes to ``cwd/stdout.txt`` once it
+    succeeded (the mark that it is done)."""
+    cwd.mkdir(exist_ok=True)
     cfg = {
         "name": "tiny-search",
         "model": {"name": "tiny-bert", "max_length": 16},
@@ -56,9 +79,4 @@ def finished_search(tmp_path_factory) -> FinishedSearch:
     path.write_text(yaml.safe_dump(cfg))
     proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return FinishedSearch(
-        cwd=cwd,
-        experiment="tiny-search",
-        tracking_uri=f"sqlite:///{cwd / 'mlflow.db'}",
-        stdout=proc.stdout,
-    )
+    (cwd / "stdout.txt").write_text(proc.stdout)
