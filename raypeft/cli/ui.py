@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import click
 
 from raypeft.cli.options import TRACKING_URI, fail, quiet_libraries
+from raypeft.config.redact import redact_uri
 from raypeft.errors import ConfigError
 from raypeft.tracking.stores import check_store
 
@@ -199,7 +200,7 @@ def _check_before_starting(
     """Fail (one line) on what would stop the server or the page: a remote store, a missing
     store, a busy port, an unknown experiment. Returns the experiment."""
     if uri.startswith(REMOTE_SCHEMES):
-        fail(f"{uri}: already a tracking server; open it in a browser instead")
+        fail(f"{redact_uri(uri)}: already a tracking server; open it in a browser instead")
     try:
         check_store(uri)
     except ConfigError as exc:
@@ -284,7 +285,7 @@ def _announce_and_wait(
     except click.ClickException as exc:
         return exc.format_message(), 2
     click.echo(f"MLflow UI: {url}")
-    click.echo(f"  store {uri}; press Ctrl-C to stop")
+    click.echo(f"  store {redact_uri(uri)}; press Ctrl-C to stop")
     sys.stdout.flush()
     code = proc.wait()
     return f"the MLflow server stopped (code {code}): {_last_line(log)}", 1

@@ -94,7 +94,6 @@ def tag_pareto_front(
     trials: list[TrialResult],
     objectives: list[ResolvedObjective],
     constraints: Constraints,
-    max_steps: int,
     tracker: MLflowTrialCallback,
 ) -> list[dict[str, Any]]:
     """Multi-objective searches: the trials on the Pareto front (full-length, feasible),
@@ -104,7 +103,7 @@ def tag_pareto_front(
     full = [
         t
         for t in trials
-        if t.reached(max_steps)
+        if t.ran_to_end
         and constraints.feasible(t.metrics)
         and all(t.has_number(o.result_key) for o in objectives)
     ]

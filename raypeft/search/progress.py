@@ -17,7 +17,7 @@ from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from raypeft.config.schema import DERIVED_PREFIX
-from raypeft.training.result_keys import FAILURE_KEY
+from raypeft.training.result_keys import FAILURE_KEY, ran_to_end
 
 # a trial waiting to run again (paused, or restarted after its worker died) whose reported
 # values are partial, like a running trial's
@@ -46,7 +46,6 @@ class ProgressPrinter(Callback):
         metric_key: str,
         mode: str,
         num_samples: int,
-        max_steps: int,
         interval: float = 30.0,
         show_rows: int = 8,
         echo: Callable[[str], None] = print,
@@ -55,7 +54,6 @@ class ProgressPrinter(Callback):
         self.metric_key = metric_key
         self.mode = mode
         self.num_samples = num_samples
-        self.max_steps = max_steps
         self.interval = interval
         self.show_rows = show_rows
         self.echo = echo
@@ -70,7 +68,7 @@ class ProgressPrinter(Callback):
         result = trial.last_result or {}
         step = result.get("step", 0)
         best = result.get(self.metric_key)
-        how = "finished" if step >= self.max_steps else f"stopped early at step {step}"
+        how = "finished" if ran_to_end(result) else f"stopped early at step {step}"
         if FAILURE_KEY in result:
             self.echo(f"[{self._done}/{self.num_samples}] {trial} FAILED: {result[FAILURE_KEY]}")
             return

@@ -70,9 +70,7 @@ class RepeatGroup:
         return statistics.stdev(self.scores.values()) if len(self.scores) > 1 else 0.0
 
 
-def top_trials(
-    trials: list[TrialResult], key: str, mode: str, top_k: int, max_steps: int
-) -> list[TrialResult]:
+def top_trials(trials: list[TrialResult], key: str, mode: str, top_k: int) -> list[TrialResult]:
     """The ``top_k`` best trials by ``key``.
 
     Trials that ran to the end are preferred: a trial the scheduler stopped early has a
@@ -80,7 +78,7 @@ def top_trials(
     """
     sign = 1 if mode == "max" else -1
     scored = [t for t in trials if t.has_number(key)]
-    scored.sort(key=lambda t: (t.reached(max_steps), sign * t.metrics[key]), reverse=True)
+    scored.sort(key=lambda t: (t.ran_to_end, sign * t.metrics[key]), reverse=True)
     return scored[:top_k]
 
 
@@ -125,7 +123,7 @@ def run_repeats(
     cfg = runner.cfg
     spec = cfg.search.repeat_best
     feasible = [t for t in trials if constraints.feasible(t.metrics)] or trials
-    top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k, cfg.train.max_steps)
+    top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k)
     configs = repeat_configs(top, cfg.train.seed, spec.seeds)
     say(f"Repeating the top {len(top)} configurations with {spec.seeds} more seeds each ...")
     results = runner.fit(

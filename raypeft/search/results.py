@@ -7,7 +7,7 @@ from typing import Any
 
 from ray.tune import ResultGrid
 
-from raypeft.training.result_keys import FAILURE_KEY
+from raypeft.training.result_keys import FAILURE_KEY, ran_to_end
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,11 @@ class TrialResult:
         """Why it failed, as it reported it (only for a failed trial)."""
         return str(self.metrics[FAILURE_KEY])
 
-    def reached(self, max_steps: int) -> bool:
-        """Trained to the end; else the scheduler stopped it early (a low-fidelity score)."""
-        return self.metrics.get("step", 0) >= max_steps
+    @property
+    def ran_to_end(self) -> bool:
+        """Trained to its own last step; else the scheduler stopped it early (a
+        low-fidelity score)."""
+        return ran_to_end(self.metrics)
 
     def has_number(self, key: str) -> bool:
         """``key`` is among its metrics, as a number."""

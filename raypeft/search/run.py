@@ -454,7 +454,6 @@ def _live_table(prep: Prepared, opts: SearchOptions) -> Callable[[int], Progress
         list(prep.cfg.space),
         prep.primary.result_key,
         prep.primary.mode,
-        max_steps=prep.cfg.train.max_steps,
         interval=opts.progress_interval,
         echo=opts.printer,
     )
@@ -475,9 +474,8 @@ def analyse(prep: Prepared, records: Records, fitted: Fitted, opts: SearchOption
     best, constraints_met = choose_best(trials, primary, prep.constraints)
     if best is None:
         raise _no_result(results, failed, errors, primary.result_key, records.parent_run_id)
-    max_steps = cfg.train.max_steps
-    pruned = sum(1 for t in trials if not t.reached(max_steps))
-    pareto = tag_pareto_front(trials, prep.objectives, prep.constraints, max_steps, records.tracker)
+    pruned = sum(1 for t in trials if not t.ran_to_end)
+    pareto = tag_pareto_front(trials, prep.objectives, prep.constraints, records.tracker)
     outcome = Outcome(best, constraints_met, len(results), errors, pruned, pareto)
     if cfg.search.repeat_best:
         outcome.repeats = run_repeats(

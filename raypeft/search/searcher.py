@@ -37,7 +37,8 @@ from raypeft.config.schema import (
 from raypeft.data.metrics import METRIC_MODE
 from raypeft.errors import ConfigError
 from raypeft.tracking.stores import store_lock
-from raypeft.training.result_keys import FAILURE_KEY
+from raypeft.training.evaluation import objective_mode
+from raypeft.training.result_keys import FAILURE_KEY, ran_to_end
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +90,7 @@ def resolve_objectives(
     for i, objective in enumerate(cfg.search.objective_list(task_metrics[0])):
         where = f"search.objectives[{i}].metric" if cfg.search.objectives else "search.metric"
         _check_name(objective.metric, task_metrics, where)
-        default = EFFICIENCY_METRICS.get(objective.metric) or METRIC_MODE.get(
-            objective.metric, "max"
-        )
-        mode = objective.mode or (cfg.search.mode if not cfg.search.objectives else None) or default
+        mode = objective_mode(objective)
         out.append(ResolvedObjective(objective.metric, mode, result_key(objective.metric)))
     return out
 
@@ -365,7 +363,7 @@ def _rank(trial: optuna.trial.FrozenTrial) -> tuple:
 class PruningAwareSearch(OptunaSearch):
     """``OptunaSearch`` that tells Optuna which trials the scheduler pruned, and at what step.
 
-    A trial whose last result has ``step < train.max_steps`` (and no error) was stopped by the
+    A trial whose last result is not from its own last step (and no error) was stopped by the
     scheduler: Optuna records it as PRUNED, its intermediate values keyed by training step, so
     TPE treats it as a pruned trial rather than a finished one with a low-fidelity score.
     """
@@ -373,7 +371,6 @@ class PruningAwareSearch(OptunaSearch):
     def __init__(
         self,
         *args,
-        max_steps: int,
         objectives: list[ResolvedObjective],
         constraints: Constraints,
         parent_run_id: str,
@@ -381,7 +378,6 @@ class PruningAwareSearch(OptunaSearch):
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
-        self.max_steps = max_steps
         self.objectives = objectives
         self.constraints = constraints
         self.parent_run_id = parent_run_id
@@ -608,7 +604,7 @@ class PruningAwareSearch(OptunaSearch):
             ot_trial.set_user_attr(ERROR_ATTR, str(failure)[:1000])
         if error or failure or any(v is None or not math.isfinite(float(v)) for v in values):
             state, values = TrialState.FAIL, None
-        elif metrics["step"] < self.max_steps:
+        elif not ran_to_end(result):
             state, values = TrialState.PRUNED, None  # value: its last intermediate value
             ot_trial.set_user_attr("raypeft.pruned_at_step", metrics["step"])
         else:

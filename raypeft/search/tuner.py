@@ -25,7 +25,7 @@ from ray.tune.schedulers import (
 )
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
-from raypeft.config.schema import ExperimentConfig
+from raypeft.config.schema import ExperimentConfig, space_candidates
 from raypeft.methods import BackboneDims
 from raypeft.search.interrupts import TuneSignals, raise_if_interrupted
 from raypeft.search.packs import open_packs, packed_trainable
@@ -83,13 +83,23 @@ def optuna_searcher(
         points_to_evaluate=study.points or None,
         storage=study.storage,
         study_name=study.study_name,
-        max_steps=cfg.train.max_steps,
         objectives=objectives,
         constraints=constraints,
         parent_run_id=parent_run_id,
         answer_repeats=discrete_space(cfg),
     )
     return ConcurrencyLimiter(search, max_concurrent=max_concurrent(cfg))
+
+
+def most_evaluations(cfg: ExperimentConfig) -> int:
+    """The most evaluations a trial of this search makes (one Tune iteration each; the
+    schedulers' ``max_t``): the longest ``train.max_steps`` over the shortest
+    ``train.eval_every`` the space can give. A shorter trial ends at its own length, which it
+    reports (:data:`~raypeft.training.result_keys.TRIAL_STEPS_KEY`)."""
+    candidates = space_candidates(cfg)
+    longest = max(candidates.get("train.max_steps", [cfg.train.max_steps]))
+    most_often = min(candidates.get("train.eval_every", [cfg.train.eval_every]))
+    return math.ceil(longest / most_often)
 
 
 def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
@@ -99,8 +109,7 @@ def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
     if sched.type == "none":
         return FIFOScheduler()
     metric, mode = scheduler_target(cfg, metric, mode)
-    # one Tune iteration = one evaluation (every train.eval_every steps)
-    max_t = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
+    max_t = most_evaluations(cfg)
     grace = min(sched.grace_period, max_t)
     if sched.type == "median":
         return MedianStoppingRule(

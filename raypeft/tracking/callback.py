@@ -58,6 +58,7 @@ from raypeft.training.result_keys import (
     PRECISION_PARAM,
     RESUMED_KEY,
     WORKER_KEYS,
+    ran_to_end,
 )
 from raypeft.training.resume import RESUME_DIR
 
@@ -368,7 +369,7 @@ class MLflowTrialCallback(Callback):
         if FAILURE_KEY in trial.last_result:
             self.client.set_terminated(run_id, "FAILED")
             return
-        stopped_early = trial.last_result.get("step", 0) < self.base.train.max_steps
+        stopped_early = not ran_to_end(trial.last_result)
         self.client.set_tag(run_id, STOPPED_EARLY_TAG, str(stopped_early).lower())
         self.client.set_terminated(run_id, "FINISHED")
 

@@ -9,11 +9,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from raypeft.config.schema import ExperimentConfig
+from raypeft.config.schema import EFFICIENCY_METRICS, ExperimentConfig, Objective
 from raypeft.data import TokenizedTask
 from raypeft.data.metrics import METRIC_MODE, compute_metrics
 from raypeft.modeling.prompted import PromptedModel
 from raypeft.training.datasets import ArrayDataset, to_device
+from raypeft.training.result_keys import CHECKPOINT_METRIC_KEY, CHECKPOINT_MODE_KEY
 
 
 @torch.no_grad()
@@ -70,14 +71,32 @@ class TargetMetric:
 
     @classmethod
     def of(cls, cfg: ExperimentConfig, task: TokenizedTask) -> TargetMetric:
-        """The searched metric (default: the task's primary one) and its direction."""
-        name = cfg.search.metric or task.spec.primary_metric
-        return cls(name, cfg.search.mode or METRIC_MODE.get(name, "max"))
+        """The first objective an evaluation measures (``search.metric``, or the first such
+        of ``search.objectives``; default: the task's primary metric), in its direction.
+        Where every objective is an efficiency figure (throughput, parameters), which no
+        evaluation can improve, the task's primary metric keeps the checkpoint."""
+        primary = task.spec.primary_metric
+        objectives = cfg.search.objective_list(primary)
+        measured = [o for o in objectives if o.metric not in EFFICIENCY_METRICS]
+        chosen = measured[0] if measured else Objective(metric=primary)
+        return cls(chosen.metric, objective_mode(chosen))
+
+    @property
+    def result_key(self) -> str:
+        """The key of this metric's value at the kept checkpoint in a trial's reports."""
+        return f"best_val_{self.name}"
 
     def improves(self, val: dict[str, float], best: dict[str, float]) -> bool:
         """Whether validation metrics ``val`` beat ``best`` (a tie does not; none yet does)."""
         sign = 1 if self.mode == "max" else -1
         return not best or sign * val[self.name] > sign * best[f"val_{self.name}"]
+
+
+def objective_mode(objective: Objective) -> str:
+    """An objective's direction: its own ``mode`` (a single ``search.metric`` carries
+    ``search.mode``), else the metric's natural one (accuracy up, loss and parameters down)."""
+    natural = EFFICIENCY_METRICS.get(objective.metric) or METRIC_MODE.get(objective.metric)
+    return objective.mode or natural or "max"
 
 
 def best_record(val: dict[str, float], step: int) -> dict[str, float]:
@@ -95,10 +114,12 @@ def evaluation_metrics(
     """What one evaluation reports: this evaluation's and the best one's metrics."""
     # Tune's progress table shows the first few keys: the searched metric first
     metrics = {
-        f"best_val_{target.name}": best[f"val_{target.name}"],
+        target.result_key: best[f"val_{target.name}"],
         f"val_{target.name}": val[target.name],
         "train_loss": train_loss,
         "step": step,
+        CHECKPOINT_METRIC_KEY: target.result_key,
+        CHECKPOINT_MODE_KEY: target.mode,
     }
     metrics.update({f"val_{k}": v for k, v in val.items()})
     metrics.update({f"best_{k}": v for k, v in best.items()})

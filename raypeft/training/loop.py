@@ -33,7 +33,12 @@ from raypeft.training.optimizer import (
     loss_scaler,
     optimizer_step,
 )
-from raypeft.training.result_keys import FAILURE_KEY, PRECISION_KEY, RESUMED_KEY
+from raypeft.training.result_keys import (
+    FAILURE_KEY,
+    PRECISION_KEY,
+    RESUMED_KEY,
+    TRIAL_STEPS_KEY,
+)
 from raypeft.training.resume import LoopState
 from raypeft.training.sampler import GlobalBatchSampler, training_batches
 
@@ -94,6 +99,7 @@ def train(
             metrics = evaluation_result(
                 val, train_loss, loop, target, sampler.per_epoch, meter, model, precision
             )
+            metrics[TRIAL_STEPS_KEY] = cfg.train.max_steps  # its own length, maybe searched
             losses = []
             with checkpoint_folder(rank) as folder:
                 if folder is not None:

@@ -56,7 +56,12 @@ from raypeft.training.optimizer import (
     build_scheduler,
     loss_scaler,
 )
-from raypeft.training.result_keys import PACK_ID_KEY, PACK_PADDING_KEY, PACK_SIZE_KEY
+from raypeft.training.result_keys import (
+    PACK_ID_KEY,
+    PACK_PADDING_KEY,
+    PACK_SIZE_KEY,
+    TRIAL_STEPS_KEY,
+)
 from raypeft.training.resume import LoopState
 from raypeft.training.sampler import GlobalBatchSampler, training_batches
 
@@ -308,6 +313,7 @@ class Pack:
             metrics = evaluation_result(
                 val, loss, m.loop, m.target, per_epoch, m.meter, m.model, m.precision
             )
+            metrics[TRIAL_STEPS_KEY] = m.spec.cfg.train.max_steps  # as a trial alone reports
             results[m.key] = {**metrics, **pack}
             m.losses, m.evaluated_at = [], m.loop.step
         return results

@@ -1,6 +1,11 @@
 """Keys of the results trials report that are not metrics: shared by the training loop, the
 searcher, the MLflow tracker and the progress printer (a module with no heavy imports)."""
 
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
 # A trial's last result carries this key when training could not go on (the loss became NaN
 # or infinite): the trial ends normally, so Ray does not retry it from its checkpoint (it
 # would diverge the same way), and raypeft records it as failed with the message as reason.
@@ -26,3 +31,19 @@ PRECISION_PARAM = "train.precision_resolved"
 PACK_ID_KEY = "pack_id"
 PACK_SIZE_KEY = "pack_size"
 PACK_PADDING_KEY = "pack_padding_waste"
+
+# Facts about the trial itself, in every evaluation it reports, so that nothing downstream
+# recomputes them from the experiment file (where train.max_steps may be searched): the
+# trial's own length in steps, and the validation metric (its result key) and direction that
+# keep its checkpoint (raypeft.training.evaluation.TargetMetric).
+TRIAL_STEPS_KEY = "trial_max_steps"
+CHECKPOINT_METRIC_KEY = "checkpoint_metric"
+CHECKPOINT_MODE_KEY = "checkpoint_mode"
+
+
+def ran_to_end(result: Mapping[str, Any]) -> bool:
+    """Whether ``result`` (a trial's last) came from the trial's own last step; else the
+    trial was stopped early. A result that does not carry the trial's length (a diverged
+    trial's last) did not run to its end."""
+    steps = result.get(TRIAL_STEPS_KEY)
+    return isinstance(steps, (int, float)) and result.get("step", 0) >= steps

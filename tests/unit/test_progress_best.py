@@ -37,7 +37,7 @@ def evals(*values: float, every: int = 10) -> list[dict]:
 
 
 def printer(mode: str = "max") -> ProgressPrinter:
-    return ProgressPrinter(["method.lr"], METRIC, mode, num_samples=6, max_steps=30)
+    return ProgressPrinter(["method.lr"], METRIC, mode, num_samples=6)
 
 
 def best_line(table: str) -> str:

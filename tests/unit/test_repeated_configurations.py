@@ -27,6 +27,7 @@ from raypeft.search.searcher import (
     resolve_objectives,
 )
 from raypeft.search.tuner import scheduler
+from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
 ACC = ResolvedObjective("accuracy", "max", "best_val_accuracy")
 BASE = {
@@ -54,7 +55,6 @@ def make_search(url, parent="parent123", answer=True):
         sampler=optuna.samplers.TPESampler(seed=0),
         storage=open_storage(url),
         study_name="study",
-        max_steps=30,
         objectives=[ACC],
         constraints=Constraints({}),
         parent_run_id=parent,
@@ -63,7 +63,13 @@ def make_search(url, parent="parent123", answer=True):
 
 
 def result(step: int, acc: float) -> dict:
-    return {"step": step, "training_iteration": step // 10, "best_val_accuracy": acc}
+    """A report at ``step`` of a trial 30 steps long."""
+    return {
+        "step": step,
+        "training_iteration": step // 10,
+        "best_val_accuracy": acc,
+        TRIAL_STEPS_KEY: 30,
+    }
 
 
 def propose(search, *xs) -> None:

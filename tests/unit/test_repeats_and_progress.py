@@ -11,6 +11,7 @@ from raypeft.search.progress import ProgressPrinter
 from raypeft.search.repeats import FixedConfigs, group_repeats, repeat_configs, top_trials
 from raypeft.search.results import TrialResult
 from raypeft.search.space import DefineByRun
+from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
 BASE = {
     "name": "s",
@@ -24,23 +25,29 @@ DIMS = BackboneDims(hidden_size=32, num_layers=2, vocab_size=100, max_length=16)
 
 def rows():
     return [
-        TrialResult("a", {"method.lr": 0.1}, {"best_val_accuracy": 0.60, "step": 30}),
-        TrialResult("b", {"method.lr": 0.2}, {"best_val_accuracy": 0.90, "step": 10}),  # early
-        TrialResult("c", {"method.lr": 0.3}, {"best_val_accuracy": 0.70, "step": 30}),
+        TrialResult(
+            "a", {"method.lr": 0.1}, {"best_val_accuracy": 0.60, "step": 30, TRIAL_STEPS_KEY: 30}
+        ),
+        TrialResult(
+            "b", {"method.lr": 0.2}, {"best_val_accuracy": 0.90, "step": 10, TRIAL_STEPS_KEY: 30}
+        ),  # early
+        TrialResult(
+            "c", {"method.lr": 0.3}, {"best_val_accuracy": 0.70, "step": 30, TRIAL_STEPS_KEY: 30}
+        ),
         TrialResult("d", {"method.lr": 0.4}, {}),  # failed
     ]
 
 
 def test_top_trials_prefer_full_length_trials():
-    top = top_trials(rows(), "best_val_accuracy", "max", 2, 30)
+    top = top_trials(rows(), "best_val_accuracy", "max", 2)
     assert [t.trial_id for t in top] == ["c", "a"]  # b's 0.9 is a low-fidelity score
-    top3 = top_trials(rows(), "best_val_accuracy", "max", 3, 30)
+    top3 = top_trials(rows(), "best_val_accuracy", "max", 3)
     assert [t.trial_id for t in top3] == ["c", "a", "b"]
-    assert [t.trial_id for t in top_trials(rows(), "best_val_accuracy", "min", 1, 30)] == ["a"]
+    assert [t.trial_id for t in top_trials(rows(), "best_val_accuracy", "min", 1)] == ["a"]
 
 
 def test_repeat_configs_and_groups():
-    top = top_trials(rows(), "best_val_accuracy", "max", 2, 30)
+    top = top_trials(rows(), "best_val_accuracy", "max", 2)
     configs = repeat_configs(top, base_seed=7, seeds=2)
     assert configs == [
         {"method.lr": 0.3, "train.seed": 8, "repeat.of": "c"},
@@ -97,26 +104,26 @@ class FakeTrial:
 def test_progress_table_and_lines():
     lines = []
     printer = ProgressPrinter(
-        ["method.lr"], "best_val_accuracy", "max", num_samples=4, max_steps=30, echo=lines.append
+        ["method.lr"], "best_val_accuracy", "max", num_samples=4, echo=lines.append
     )
     trials = [
         FakeTrial(
             "pt_1",
             "TERMINATED",
             {"method.lr": 0.1, "derived.trainable_params": 128},
-            {"step": 30, "best_val_accuracy": 0.6},
+            {"step": 30, "best_val_accuracy": 0.6, TRIAL_STEPS_KEY: 30},
         ),
         FakeTrial(
             "pt_2",
             "RUNNING",
             {"method.lr": 0.2, "derived.trainable_params": 128},
-            {"step": 10, "best_val_accuracy": 0.5},
+            {"step": 10, "best_val_accuracy": 0.5, TRIAL_STEPS_KEY: 30},
         ),
         FakeTrial(
             "pt_3",
             "TERMINATED",
             {"method.lr": 0.3, "derived.trainable_params": 128},
-            {"step": 10, "best_val_accuracy": 0.7},
+            {"step": 10, "best_val_accuracy": 0.7, TRIAL_STEPS_KEY: 30},
         ),
         FakeTrial("pt_4", "PENDING", {}, {}),
     ]

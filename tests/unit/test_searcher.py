@@ -31,6 +31,7 @@ from raypeft.search.searcher import (
     resolve_objectives,
     this_driver,
 )
+from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
 BASE = {
     "name": "s",
@@ -50,7 +51,7 @@ def define_by_run(trial):
     return {"x": trial.suggest_float("x", 0.0, 1.0)}
 
 
-def make_search(tmp_path, objectives, constraints=None, max_steps=30):
+def make_search(tmp_path, objectives, constraints=None):
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     multi = len(objectives) > 1
     search = PruningAwareSearch(
@@ -60,7 +61,6 @@ def make_search(tmp_path, objectives, constraints=None, max_steps=30):
         sampler=optuna.samplers.RandomSampler(seed=0),
         storage=open_storage(url),
         study_name="study",
-        max_steps=max_steps,
         objectives=objectives,
         constraints=constraints or Constraints({}),
         parent_run_id="parent123",
@@ -72,8 +72,15 @@ ACC = ResolvedObjective("accuracy", "max", "best_val_accuracy")
 SPEED = ResolvedObjective("train_samples_per_s", "max", "train_samples_per_s")
 
 
-def result(step: int, acc: float, **more) -> dict:
-    return {"step": step, "training_iteration": step // 10, "best_val_accuracy": acc, **more}
+def result(step: int, acc: float, length: int = 30, **more) -> dict:
+    """A trial's report at ``step`` of its own ``length`` (TRIAL_STEPS_KEY)."""
+    return {
+        "step": step,
+        "training_iteration": step // 10,
+        "best_val_accuracy": acc,
+        TRIAL_STEPS_KEY: length,
+        **more,
+    }
 
 
 def test_scheduler_stop_is_pruned_at_the_step_reached(tmp_path):
@@ -287,3 +294,24 @@ def test_samplers():
         )
         study.tell(trial, 0.0)
     assert len(seen) == 6
+
+
+def test_a_trial_shorter_by_its_own_searched_length_is_complete_not_pruned(tmp_path):
+    """train.max_steps searched: a trial of 20 steps that ran them all finished (the file's
+    30 steps do not make it pruned), and one stopped at 20 of its 40 was pruned."""
+    search, url = make_search(tmp_path, [ACC])
+    for trial_id in ("short", "long"):
+        search.suggest(trial_id)
+    search.on_trial_complete("short", result(20, 0.6, length=20))
+    search.on_trial_complete("long", result(20, 0.7, length=40))
+    short, long = optuna.load_study(study_name="study", storage=url).trials
+    assert short.state == TrialState.COMPLETE and short.value == 0.6
+    assert long.state == TrialState.PRUNED
+
+
+def test_the_schedulers_horizon_is_the_longest_trial_the_space_gives():
+    from raypeft.search.tuner import most_evaluations
+
+    assert most_evaluations(experiment()) == 3  # BASE: 30 steps, evaluated every 10
+    space = {"train.max_steps": {"choice": [20, 60]}, "train.eval_every": {"grid": [10, 5]}}
+    assert most_evaluations(experiment(space=space)) == 12

@@ -24,7 +24,14 @@ from raypeft.training.datasets import split_dataset
 from raypeft.training.evaluation import evaluate
 from raypeft.training.loop import train
 from raypeft.training.optimizer import build_optimizer, build_scheduler
-from raypeft.training.result_keys import FAILURE_KEY, RESUMED_KEY
+from raypeft.training.result_keys import (
+    CHECKPOINT_METRIC_KEY,
+    CHECKPOINT_MODE_KEY,
+    FAILURE_KEY,
+    RESUMED_KEY,
+    TRIAL_STEPS_KEY,
+    ran_to_end,
+)
 from raypeft.training.resume import RESUME_DIR
 from raypeft.training.sampler import GlobalBatchSampler
 
@@ -249,6 +256,54 @@ def test_search_metric_selects_what_improves(tmp_path, task, monkeypatch):
     best = train(cfg, task, rec)
     assert [model_changed(rec, i) for i in range(len(rec.calls))] == [True, False, True]
     assert best["val_macro_f1"] == 0.3 and best["val_accuracy"] == 0.4
+
+
+def scripted_evaluations(monkeypatch, rows: list[tuple[float, float]]) -> None:
+    """Evaluations that return ``(accuracy, loss)`` from ``rows``, in turn."""
+    scripted = iter(rows)
+
+    def fake_evaluate(model, arrays, metric_names, batch_size, device):
+        acc, loss = next(scripted)
+        return {"accuracy": acc, "macro_f1": 0.0, "loss": loss, "samples_per_s": 1.0}
+
+    monkeypatch.setattr(train_mod, "evaluate", fake_evaluate)
+
+
+def test_under_objectives_the_primary_objective_keeps_the_checkpoint(tmp_path, task, monkeypatch):
+    """search.objectives [loss, trainable_params]: the checkpoint is kept by the lowest loss
+    (not by accuracy, the task's primary metric), so best_val_loss is the best loss."""
+    scripted_evaluations(monkeypatch, [(0.5, 0.9), (0.8, 0.7), (0.6, 0.4)])
+    search = SearchConfig(objectives=[{"metric": "loss"}, {"metric": "trainable_params"}])
+    rec = Recorder(tmp_path)
+    best = train(experiment().model_copy(update={"search": search}), task, rec)
+    assert [model_changed(rec, i) for i in range(len(rec.calls))] == [True, True, True]
+    assert best["val_loss"] == 0.4 and best["step"] == 30
+    assert [m["best_val_loss"] for m, _ in rec.calls] == [0.9, 0.7, 0.4]
+    last = rec.calls[-1][0]
+    assert (last[CHECKPOINT_METRIC_KEY], last[CHECKPOINT_MODE_KEY]) == ("best_val_loss", "min")
+
+
+def test_an_efficiency_metric_searched_keeps_the_checkpoint_by_the_tasks_metric(
+    tmp_path, task, monkeypatch
+):
+    """search.metric: train_samples_per_s is no validation metric: the checkpoint is kept by
+    the task's primary metric, and the trial reports (it used to fail at its first
+    evaluation, looking the throughput up among the validation metrics)."""
+    scripted_evaluations(monkeypatch, [(0.5, 0.9), (0.4, 0.7), (0.6, 0.8)])
+    search = SearchConfig(metric="train_samples_per_s")
+    rec = Recorder(tmp_path)
+    best = train(experiment().model_copy(update={"search": search}), task, rec)
+    assert best["val_accuracy"] == 0.6
+    assert all(m["train_samples_per_s"] > 0 for m, _ in rec.calls)
+    assert rec.calls[-1][0][CHECKPOINT_METRIC_KEY] == "best_val_accuracy"
+
+
+def test_every_evaluation_reports_the_trials_own_length(tmp_path, task):
+    """train.max_steps may be searched: each trial says how long it is."""
+    rec = Recorder(tmp_path)
+    train(experiment(max_steps=20), task, rec)
+    assert [m[TRIAL_STEPS_KEY] for m, _ in rec.calls] == [20, 20]
+    assert [ran_to_end(m) for m, _ in rec.calls] == [False, True]
 
 
 def test_huge_learning_rate_ends_the_trial_as_failed(task):

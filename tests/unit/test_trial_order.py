@@ -11,6 +11,7 @@ from raypeft.search.outcome import choose_best
 from raypeft.search.repeats import top_trials
 from raypeft.search.results import trial_results
 from raypeft.search.searcher import Constraints, ResolvedObjective
+from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
 
 @dataclass
@@ -29,6 +30,7 @@ def grid(order: list[int]) -> list[FakeResult]:
                 "experiment_tag": f"{n}_method.lr=0.{n}",
                 "best_val_accuracy": scores[n],
                 "step": 30,
+                TRIAL_STEPS_KEY: 30,
             },
             {"method.lr": n / 10},
         )
@@ -43,7 +45,7 @@ def test_trials_are_read_in_creation_order_however_tune_lists_them():
     for trials in (fresh, restored):
         best, _ = choose_best(trials, objective, Constraints({}))
         assert best.trial_id == "t1"  # the first of the tied trials, both times
-        top = top_trials(trials, "best_val_accuracy", "max", 1, 30)
+        top = top_trials(trials, "best_val_accuracy", "max", 1)
         assert [t.trial_id for t in top] == ["t1"]
 
 

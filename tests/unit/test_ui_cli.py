@@ -77,3 +77,11 @@ def test_browser_address_of_wildcard_hosts():
     assert _client_host("0.0.0.0") == "127.0.0.1"
     assert _client_host("::") == "[::1]"
     assert _client_host("127.0.0.1") == "127.0.0.1"
+
+
+def test_a_remote_servers_credentials_are_never_printed():
+    """As everywhere else (redact_uri): a token in the URI stays out of the output."""
+    result = invoke("--tracking-uri", "https://user:s3cret-token@mlflow.example.org")
+    line = one_error_line(result)
+    assert "s3cret-token" not in result.output
+    assert "https://user:***@mlflow.example.org: already a tracking server" in line
