@@ -74,17 +74,25 @@ class Outcome:
 
 
 def choose_best(
-    trials: list[TrialResult], objective: ResolvedObjective, constraints: Constraints
+    trials: list[TrialResult],
+    objective: ResolvedObjective,
+    constraints: Constraints,
+    stopped_are_pruned: bool = False,
 ) -> tuple[TrialResult | None, bool]:
     """The best trial by the primary objective among those meeting the constraints.
 
     Returns ``(trial, constraints_met)``; when no trial meets them, the best of all is
-    returned with ``False`` (the summary says so).
+    returned with ``False`` (the summary says so). Where the scheduler stops trials on the
+    objective itself (``stopped_are_pruned``: Optuna holds them PRUNED, and
+    ``study.best_trial`` looks at COMPLETE trials only), a stopped trial is chosen only when
+    no trial ran to its end: the study and raypeft name the same trial.
     """
     key, sign = objective.result_key, (1 if objective.mode == "max" else -1)
     scored = [t for t in trials if t.has_number(key) and math.isfinite(t.metrics[key])]
     feasible = [t for t in scored if constraints.feasible(t.metrics)]
     pool = feasible or scored
+    if stopped_are_pruned:
+        pool = [t for t in pool if t.ran_to_end] or pool
     if not pool:
         return None, False
     return max(pool, key=lambda t: sign * t.metrics[key]), bool(feasible) or not constraints

@@ -57,8 +57,10 @@ from raypeft.search.searcher import (
     StudyPlan,
     fail_orphans,
     plan_study,
+    record_chosen,
     resolve_constraints,
     resolve_objectives,
+    stops_on_objective,
 )
 from raypeft.search.space import candidate_methods
 from raypeft.search.trial_records import TrialRecordsCallback
@@ -340,8 +342,7 @@ def open_records(prep: Prepared, opts: SearchOptions) -> Records:
     """Open (create) the Optuna study and the MLflow store, start a local Ray, then start the
     parent run, or take up the interrupted one together with its trials' runs."""
     cfg, interrupted = prep.cfg, prep.interrupted
-    modes = [o.mode for o in prep.objectives]
-    study = plan_study(cfg, prep.tracking_uri, modes, resuming=interrupted is not None)
+    study = plan_study(cfg, prep.tracking_uri, prep.objectives, resuming=interrupted is not None)
     # creates a sqlite store (once, under a lock: searches started together share it); a
     # server lost mid-search ends the search with TrackingLost, resumable with --resume
     client = prep.client or tracking_client(prep.tracking_uri)
@@ -471,7 +472,9 @@ def analyse(prep: Prepared, records: Records, fitted: Fitted, opts: SearchOption
     failed = [t for t in reported if t.failed]
     errors = len(results.errors) + len(failed)
     trials = [t for t in reported if not t.failed]
-    best, constraints_met = choose_best(trials, primary, prep.constraints)
+    best, constraints_met = choose_best(
+        trials, primary, prep.constraints, stops_on_objective(cfg, primary)
+    )
     if best is None:
         raise _no_result(results, failed, errors, primary.result_key, records.parent_run_id)
     pruned = sum(1 for t in trials if not t.ran_to_end)
@@ -526,6 +529,8 @@ def finish(
     )
     record = parent_run_record(summary, outcome.ranked_repeats)
     finish_parent_run(records.client, records.parent_run_id, record, folder)
+    study = records.study
+    record_chosen(study.storage, study.study_name, records.parent_run_id, outcome.best.trial_id)
     return summary
 
 

@@ -54,6 +54,12 @@ RESUMED_FROM_ATTR = "raypeft.resumed_from_trial"
 # In a discrete space, a proposal of a configuration the study already holds is not trained
 # again: it is answered from that trial (its number, under this attribute).
 ANSWERED_FROM_ATTR = "raypeft.answered_from_trial"
+# A trial the scheduler stopped on a metric other than the objective is COMPLETE with the
+# objective value its kept checkpoint holds; this attribute names the step it stopped at.
+STOPPED_EARLY_ATTR = "raypeft.stopped_early_at_step"
+# A study attribute per search (this prefix + its parent run id): the Optuna trial number of
+# the configuration the search chose (the registered champion's trial).
+CHOSEN_ATTR = "raypeft.chosen_trial."
 # A study attribute per search (this prefix + its parent run id): the process running it,
 # "host|pid|start time". A search started beside it leaves its trials alone.
 DRIVER_ATTR = "raypeft.driver."
@@ -117,6 +123,16 @@ def check_scheduler_metric(cfg: ExperimentConfig, task_metrics: tuple[str, ...])
         )
 
 
+def stops_on_objective(cfg: ExperimentConfig, primary: ResolvedObjective) -> bool:
+    """Whether the trial scheduler stops trials by the primary objective itself (Optuna's
+    idea of pruning: judged unpromising on the objective's intermediate values). A scheduler
+    on another metric (``search.scheduler.metric: val_loss`` under accuracy) judges
+    something else: the objective value such a trial's checkpoint holds is a real result."""
+    if cfg.search.scheduler.type == "none":
+        return False
+    return scheduler_target(cfg, primary.result_key, primary.mode)[0] == primary.result_key
+
+
 def resolve_constraints(cfg: ExperimentConfig, task_metrics: tuple[str, ...]) -> Constraints:
     """``search.constraints`` keyed by the Tune result key, names checked."""
     for name in cfg.search.constraints:
@@ -149,14 +165,16 @@ class Constraints:
         return bool(self.bounds)
 
 
-def build_sampler(cfg: ExperimentConfig) -> optuna.samplers.BaseSampler:
-    """The Optuna sampler ``search.sampler`` names, seeded by ``search.seed``.
+def build_sampler(cfg: ExperimentConfig, earlier_trials: int = 0) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler ``search.sampler`` names, seeded by ``search.seed`` plus the number
+    of trials earlier searches left in the study (``earlier_trials``): a search continuing a
+    study draws new configurations, not its first search's again, and is still reproducible.
 
     Constraints reach TPE and NSGA-II through each trial's ``set_constraint`` values
     (Optuna 5), set by :class:`PruningAwareSearch`; the other samplers ignore them, but the
     best trial still has to meet them.
     """
-    seed = cfg.search.seed
+    seed = cfg.search.seed + earlier_trials
     name = cfg.search.sampler
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
@@ -185,6 +203,9 @@ class _GridSampler(optuna.samplers.GridSampler):
 
     def after_trial(self, study, trial, state, values) -> None:
         pass
+
+
+_DIRECTIONS = {"max": "maximize", "min": "minimize"}
 
 
 def default_storage(tracking_uri: str) -> str:
@@ -331,13 +352,25 @@ class StudyPlan:
 
 
 def plan_study(
-    cfg: ExperimentConfig, tracking_uri: str, modes: list[str], resuming: bool = False
+    cfg: ExperimentConfig,
+    tracking_uri: str,
+    objectives: list[ResolvedObjective],
+    resuming: bool = False,
 ) -> StudyPlan:
-    """Open (or create) the persisted study; skip grid points an earlier search ran."""
+    """Open (or create) the persisted study, its objectives named (optuna-dashboard's axes and
+    ``study.metric_names``); skip grid points an earlier search ran."""
     url = cfg.search.storage or default_storage(tracking_uri)
     name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
     storage = open_storage(url)  # opened once: prepared here, then used by the searcher
+    modes = [o.mode for o in objectives]
     finished = prepare_study(storage, name, modes, resuming=resuming)
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        directions=[_DIRECTIONS[m] for m in modes],
+        load_if_exists=True,
+    )
+    study.set_metric_names([o.name for o in objectives])
     grid = [] if cfg.search.sampler == "grid" else cfg.grid_points()
     return StudyPlan(url, storage, name, remaining_grid_points(grid, finished), len(finished))
 
@@ -364,8 +397,13 @@ class PruningAwareSearch(OptunaSearch):
     """``OptunaSearch`` that tells Optuna which trials the scheduler pruned, and at what step.
 
     A trial whose last result is not from its own last step (and no error) was stopped by the
-    scheduler: Optuna records it as PRUNED, its intermediate values keyed by training step, so
-    TPE treats it as a pruned trial rather than a finished one with a low-fidelity score.
+    scheduler. Stopped on the objective itself (``prune_stopped``, :func:`stops_on_objective`),
+    Optuna records it as PRUNED, its intermediate values keyed by training step, so TPE treats
+    it as a pruned trial rather than a finished one with a low-fidelity score, and
+    ``study.best_trial`` (COMPLETE trials only) leaves it out, as raypeft's choice does when
+    any trial ran to its end. Stopped on another metric, its checkpoint's objective value is a
+    real result: COMPLETE with that value (and :data:`STOPPED_EARLY_ATTR`), so the samplers,
+    ``study.best_trial`` and optuna-dashboard see it as raypeft does.
     """
 
     def __init__(
@@ -375,10 +413,12 @@ class PruningAwareSearch(OptunaSearch):
         constraints: Constraints,
         parent_run_id: str,
         answer_repeats: bool = False,
+        prune_stopped: bool = True,
         **kwargs,
     ):
         super().__init__(*args, **kwargs)
         self.objectives = objectives
+        self.prune_stopped = prune_stopped  # stops_on_objective: a stopped trial is PRUNED
         self.constraints = constraints
         self.parent_run_id = parent_run_id
         self.answer_repeats = answer_repeats  # the space is discrete (discrete_space)
@@ -604,10 +644,12 @@ class PruningAwareSearch(OptunaSearch):
             ot_trial.set_user_attr(ERROR_ATTR, str(failure)[:1000])
         if error or failure or any(v is None or not math.isfinite(float(v)) for v in values):
             state, values = TrialState.FAIL, None
-        elif not ran_to_end(result):
+        elif not ran_to_end(result) and self.prune_stopped:
             state, values = TrialState.PRUNED, None  # value: its last intermediate value
             ot_trial.set_user_attr("raypeft.pruned_at_step", metrics["step"])
         else:
+            if not ran_to_end(result):  # stopped on another metric: its checkpoint's value
+                ot_trial.set_user_attr(STOPPED_EARLY_ATTR, metrics["step"])
             state, values = TrialState.COMPLETE, [float(v) for v in values]
         try:
             self._ot_study.tell(
@@ -617,6 +659,20 @@ class PruningAwareSearch(OptunaSearch):
             logger.warning("Optuna could not record trial %s: %s", trial_id, exc)
         self._completed_trials.add(trial_id)
         self._answer_waiting()  # repeats of this configuration proposed while it trained
+
+
+def record_chosen(storage, study_name: str, parent_run_id: str, tune_trial_id: str) -> None:
+    """Name on the study (:data:`CHOSEN_ATTR` + the search's parent run id) the Optuna trial
+    of the configuration the search chose: the same one ``study.best_trial`` returns, once
+    the search's trials are all told."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    for trial in study.get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        if attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id and attrs.get(PARENT_RUN_ATTR) == (
+            parent_run_id
+        ):
+            study.set_user_attr(CHOSEN_ATTR + parent_run_id, trial.number)
+            return
 
 
 def pareto_front(rows: list[dict[str, float]], objectives: list[ResolvedObjective]) -> list[int]:

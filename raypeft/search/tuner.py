@@ -38,6 +38,7 @@ from raypeft.search.searcher import (
     build_sampler,
     discrete_space,
     scheduler_target,
+    stops_on_objective,
 )
 from raypeft.search.space import DefineByRun
 from raypeft.search.trial_runners import storage_path, trainable_for, use_ray_train
@@ -79,7 +80,7 @@ def optuna_searcher(
         space=DefineByRun(cfg, dims),
         metric=[o.result_key for o in objectives] if multi else objectives[0].result_key,
         mode=[o.mode for o in objectives] if multi else objectives[0].mode,
-        sampler=build_sampler(cfg),
+        sampler=build_sampler(cfg, study.finished_before),
         points_to_evaluate=study.points or None,
         storage=study.storage,
         study_name=study.study_name,
@@ -87,6 +88,7 @@ def optuna_searcher(
         constraints=constraints,
         parent_run_id=parent_run_id,
         answer_repeats=discrete_space(cfg),
+        prune_stopped=stops_on_objective(cfg, objectives[0]),
     )
     return ConcurrencyLimiter(search, max_concurrent=max_concurrent(cfg))
 

@@ -26,6 +26,13 @@ class FinishedSearch:
     def client(self) -> MlflowClient:
         return MlflowClient(tracking_uri=self.tracking_uri)
 
+    def parent_run(self):
+        """The search's MLflow parent run."""
+        client = self.client()
+        exp = client.get_experiment_by_name(self.experiment)
+        (parent,) = client.search_runs([exp.experiment_id], "tags.`raypeft.role` = 'experiment'")
+        return parent
+
 
 @pytest.fixture(scope="session")
 def finished_search(tmp_path_factory) -> FinishedSearch:

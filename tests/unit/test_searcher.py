@@ -18,6 +18,7 @@ from raypeft.search.searcher import (
     DRIVER_ATTR,
     METRICS_ATTR,
     PARENT_RUN_ATTR,
+    STOPPED_EARLY_ATTR,
     Constraints,
     PruningAwareSearch,
     ResolvedObjective,
@@ -25,10 +26,12 @@ from raypeft.search.searcher import (
     default_storage,
     open_storage,
     pareto_front,
+    plan_study,
     prepare_study,
     remaining_grid_points,
     resolve_constraints,
     resolve_objectives,
+    stops_on_objective,
     this_driver,
 )
 from raypeft.training.result_keys import TRIAL_STEPS_KEY
@@ -51,7 +54,7 @@ def define_by_run(trial):
     return {"x": trial.suggest_float("x", 0.0, 1.0)}
 
 
-def make_search(tmp_path, objectives, constraints=None):
+def make_search(tmp_path, objectives, constraints=None, prune_stopped=True):
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
     multi = len(objectives) > 1
     search = PruningAwareSearch(
@@ -64,6 +67,7 @@ def make_search(tmp_path, objectives, constraints=None):
         objectives=objectives,
         constraints=constraints or Constraints({}),
         parent_run_id="parent123",
+        prune_stopped=prune_stopped,
     )
     return search, url
 
@@ -315,3 +319,47 @@ def test_the_schedulers_horizon_is_the_longest_trial_the_space_gives():
     assert most_evaluations(experiment()) == 3  # BASE: 30 steps, evaluated every 10
     space = {"train.max_steps": {"choice": [20, 60]}, "train.eval_every": {"grid": [10, 5]}}
     assert most_evaluations(experiment(space=space)) == 12
+
+
+def test_a_trial_stopped_on_another_metric_is_complete_with_its_checkpoints_value(tmp_path):
+    """search.scheduler.metric: val_loss under accuracy: ASHA judged the loss, not accuracy.
+    The accuracy the trial's checkpoint holds is a real result, so Optuna holds it COMPLETE
+    (study.best_trial and the dashboard see it) and notes where it stopped."""
+    search, url = make_search(tmp_path, [ACC], prune_stopped=False)
+    for trial_id in ("a", "b"):
+        search.suggest(trial_id)
+    search.on_trial_complete("a", result(30, 0.6))
+    search.on_trial_result("b", result(10, 0.5))
+    search.on_trial_complete("b", result(20, 0.7))  # stopped by ASHA on val_loss
+    study = optuna.load_study(study_name="study", storage=url)
+    b = study.trials[1]
+    assert b.state == TrialState.COMPLETE and b.value == 0.7
+    assert b.user_attrs[STOPPED_EARLY_ATTR] == 20
+    assert study.best_trial.number == b.number
+
+
+def test_which_stops_are_pruning():
+    asha = {"type": "asha", "grace_period": 1}
+    assert stops_on_objective(experiment(scheduler=asha), ACC)
+    on_loss = experiment(scheduler={**asha, "metric": "val_loss"})
+    assert not stops_on_objective(on_loss, ACC)
+    assert not stops_on_objective(experiment(scheduler={"type": "none"}), ACC)
+
+
+def test_the_study_names_its_objectives(tmp_path):
+    cfg = experiment(storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    plan = plan_study(cfg, "sqlite:///unused.db", [ACC, SPEED])
+    study = optuna.load_study(study_name=plan.study_name, storage=plan.storage_url)
+    assert study.metric_names == ["accuracy", "train_samples_per_s"]
+
+
+def test_a_continued_study_draws_new_configurations():
+    """The sampler's seed moves on with the study's earlier trials: the same experiment run
+    again explores instead of repeating its first search's proposals."""
+
+    def first_proposals(earlier: int) -> list[float]:
+        study = optuna.create_study(sampler=build_sampler(experiment(), earlier))
+        return [study.ask().suggest_float("x", 0, 1) for _ in range(3)]
+
+    assert first_proposals(0) == first_proposals(0)  # reproducible
+    assert first_proposals(0) != first_proposals(3)

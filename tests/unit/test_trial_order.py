@@ -9,7 +9,7 @@ from typing import Any
 
 from raypeft.search.outcome import choose_best
 from raypeft.search.repeats import top_trials
-from raypeft.search.results import trial_results
+from raypeft.search.results import TrialResult, trial_results
 from raypeft.search.searcher import Constraints, ResolvedObjective
 from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
@@ -52,3 +52,16 @@ def test_trials_are_read_in_creation_order_however_tune_lists_them():
 def test_trials_without_a_counter_keep_their_order():
     results = [FakeResult({"trial_id": t}) for t in ("b", "a", "c")]
     assert [t.trial_id for t in trial_results(results)] == ["b", "a", "c"]
+
+
+def test_a_pruned_trial_is_chosen_only_when_none_ran_to_its_end():
+    """Where stopped trials are PRUNED in Optuna (the scheduler judged the objective), the
+    choice is the study's best_trial: a COMPLETE one, though a pruned one scored higher."""
+    objective = ResolvedObjective("accuracy", "max", "best_val_accuracy")
+    full = TrialResult("full", {}, {"best_val_accuracy": 0.6, "step": 30, TRIAL_STEPS_KEY: 30})
+    stopped = TrialResult("cut", {}, {"best_val_accuracy": 0.9, "step": 10, TRIAL_STEPS_KEY: 30})
+    pick = choose_best([full, stopped], objective, Constraints({}), stopped_are_pruned=True)
+    assert pick[0].trial_id == "full"
+    pick = choose_best([full, stopped], objective, Constraints({}), stopped_are_pruned=False)
+    assert pick[0].trial_id == "cut"  # stopped on another metric: its score is real
+    assert choose_best([stopped], objective, Constraints({}), True)[0].trial_id == "cut"
