@@ -79,7 +79,7 @@ from raypeft.tracking.callback import (
     open_experiment,
     start_parent_run,
 )
-from raypeft.tracking.runs import tracking_uri
+from raypeft.tracking.runs import reopen_run, tracking_uri
 from raypeft.tracking.stores import check_store, check_tracking_store, tracking_client
 from raypeft.tracking.tags import (
     CONFIG_HASH_TAG,
@@ -378,7 +378,7 @@ def _take_up(client: MlflowClient, interrupted: tuple[str, Run], say) -> tuple[s
     experiment name)``."""
     experiment_id, parent = interrupted
     parent_run_id = parent.info.run_id
-    client.update_run(parent_run_id, status="RUNNING")
+    reopen_run(client, parent)
     tune_path = parent.data.tags[TUNE_PATH_TAG]
     say(f"Resuming search {parent_run_id} from {tune_path} ...")
     return experiment_id, parent_run_id, tune_path.rstrip("/").rsplit("/", 1)[-1]

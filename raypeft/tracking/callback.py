@@ -31,7 +31,7 @@ from raypeft.config.schema import (
     trial_config,
 )
 from raypeft.methods import BackboneDims
-from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS
+from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS, reopen_run
 from raypeft.tracking.tags import (
     BEST_RUN_TAG,
     BEST_TRIAL_TAG,
@@ -293,9 +293,7 @@ class MLflowTrialCallback(Callback):
 
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         if trial.trial_id in self.run_ids:  # restarted, or resumed with the search
-            run_id = self.run_ids[trial.trial_id]
-            if self.client.get_run(run_id).info.status != "RUNNING":
-                self.client.update_run(run_id, status="RUNNING")
+            reopen_run(self.client, self.client.get_run(self.run_ids[trial.trial_id]))
             return
         cfg = trial_config(self.base, trial.config)
         cfg = cfg.model_copy(update={"method": cfg.method.resolve(self.dims)})

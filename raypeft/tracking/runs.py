@@ -15,11 +15,31 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from raypeft.errors import ConfigError
-from raypeft.tracking.tags import BEST_RUN_TAG, ROLE_SEARCH, ROLE_TAG, ROLE_TRIAL
+from raypeft.tracking.tags import (
+    BEST_RUN_TAG,
+    INTERRUPTED_TAG,
+    RESUMED_AFTER_TAG,
+    ROLE_SEARCH,
+    ROLE_TAG,
+    ROLE_TRIAL,
+)
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # MLflow's own default store
 MODEL_ARTIFACTS = "model"  # a trial run's best checkpoint
 BEST_MODEL_ARTIFACTS = "best_model"  # the parent run's copy of the best trial's checkpoint
+
+
+def reopen_run(client: MlflowClient, run: Run) -> None:
+    """A paused or ended run RUNNING again (a resumed search, a restarted trial). A run the
+    search's pause had tagged interrupted is tagged resumed after that signal instead: the
+    pause is history, and the run may now finish."""
+    run_id = run.info.run_id
+    if run.info.status != "RUNNING":
+        client.update_run(run_id, status="RUNNING")
+    signal_name = run.data.tags.get(INTERRUPTED_TAG)
+    if signal_name is not None:
+        client.set_tag(run_id, RESUMED_AFTER_TAG, signal_name)
+        client.delete_tag(run_id, INTERRUPTED_TAG)
 
 
 def tracking_uri(uri: str | None = None) -> str:

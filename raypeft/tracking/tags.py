@@ -31,6 +31,9 @@ BEST_RUN_TAG = "raypeft.best_run_id"  # the best trial's MLflow run id
 # a search paused by Ctrl-C or SIGTERM (parent run and its interrupted trials, both KILLED):
 # the signal's name; `raypeft tune ... --resume` continues them
 INTERRUPTED_TAG = "raypeft.interrupted"
+# a run `--resume` took up again: the signal that had paused it (INTERRUPTED_TAG is removed,
+# so that a run which then finished is not shown as interrupted)
+RESUMED_AFTER_TAG = "raypeft.resumed_after"
 
 # ----------------------------------------------------------------------------- trial runs
 TRIAL_ID_TAG = "raypeft.trial_id"  # Ray Tune's trial id

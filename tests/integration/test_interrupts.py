@@ -167,6 +167,11 @@ def test_ctrl_c_pauses_the_search_and_resume_finishes_it(tmp_path):
     after = _assert_completed_once(tmp_path, parent.info.run_id)
     assert after[done].info.end_time == finished_end  # the finished trial was not run again
     assert int(after[running].data.tags["raypeft.resumed_from_step"]) >= 2 * EVERY
+    # the pause is history: the runs that finished are no longer tagged interrupted
+    assert "raypeft.interrupted" not in after[running].data.tags
+    assert after[running].data.tags["raypeft.resumed_after"] == "SIGINT"
+    parent = client.get_run(parent.info.run_id)
+    assert parent.info.status == "FINISHED" and "raypeft.interrupted" not in parent.data.tags
     study = _study(tmp_path)  # the paused trial went on in a new one, with its parameters
     (resumed,) = [
         t for t in study.trials if t.user_attrs.get("raypeft.resumed_from_trial") == paused.number
