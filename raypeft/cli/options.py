@@ -85,6 +85,8 @@ def quiet_libraries() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     # with a tracking server MLflow prints two "View run" links per run closed (--quiet too)
     os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+    # MLflow's "Downloading artifacts" bars (the summary and predict read models back)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 

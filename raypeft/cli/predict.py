@@ -129,8 +129,8 @@ def command(
     quiet_libraries()
     one_source(run_id, experiment, model_uri)
     from_stdin = input_path == "-"
-    if not from_stdin and not Path(input_path).is_file():
-        fail(f"--input {input_path}: file not found")
+    if not from_stdin:
+        check_readable(Path(input_path))
     source = "stdin" if from_stdin else input_path
     jsonl = not from_stdin and input_path.lower().endswith(".jsonl")
     with tempfile.TemporaryDirectory(prefix="raypeft-predict-") as tmp:
@@ -149,6 +149,17 @@ def command(
         f"model load {predictor.load_s:.2f} s)",
         err=True,
     )
+
+
+def check_readable(path: Path) -> None:
+    """``--input`` must be something to read lines from: a file, or a device or pipe
+    (``/dev/null``, ``<(...)``); a missing path and a folder are refused in one line."""
+    if not path.exists():
+        fail(f"--input {path}: file not found")
+    if path.is_dir():
+        fail(f"--input {path}: is a folder, not a file of texts")
+    if not os.access(path, os.R_OK):
+        fail(f"--input {path}: cannot be read (permission denied)")
 
 
 def _trained(

@@ -60,11 +60,13 @@ class ProgressPrinter(Callback):
         self._last = time.monotonic()
         self._start = time.monotonic()
         self._done = 0
+        self._ended: set[str] = set()  # trials Tune completed (not left unfinished by a pause)
 
     # ------------------------------------------------------------------ Tune hooks
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         self._done += 1
+        self._ended.add(trial.trial_id)
         result = trial.last_result or {}
         step = result.get("step", 0)
         best = result.get(self.metric_key)
@@ -100,6 +102,19 @@ class ProgressPrinter(Callback):
         result = trial.last_result or {}
         return trial.status == Trial.TERMINATED and FAILURE_KEY not in result
 
+    def status(self, trial: Trial) -> str:
+        """What became of a trial, in the words of the summary: Tune's TERMINATED says
+        finished, stopped early, failed (a diverged loss) or interrupted (a paused search
+        left it unfinished; ``--resume`` continues it)."""
+        if trial.status != Trial.TERMINATED:
+            return trial.status.lower()
+        result = trial.last_result or {}
+        if FAILURE_KEY in result:
+            return "failed"
+        if trial.trial_id not in self._ended:
+            return "interrupted"
+        return "finished" if ran_to_end(result) else "stopped early"
+
     def _in_flight(self, trial: Trial) -> bool:
         """Running, or paused/pending after reporting (a queued trial has nothing to show)."""
         if trial.status == Trial.RUNNING:
@@ -110,7 +125,7 @@ class ProgressPrinter(Callback):
         """Trials in flight first, then the best finished ones, at most ``show_rows``."""
         counts: dict[str, int] = {}
         for trial in trials:
-            counts[trial.status] = counts.get(trial.status, 0) + 1
+            counts[self.status(trial)] = counts.get(self.status(trial), 0) + 1
         sign = 1 if self.mode == "max" else -1
         in_flight = [t for t in trials if self._in_flight(t)]
         scored = [t for t in trials if self._finished(t) and self._score(t) is not None]
@@ -118,7 +133,7 @@ class ProgressPrinter(Callback):
         rows = (in_flight + scored)[: self.show_rows]
         best = scored[0] if scored else None
         elapsed = (time.monotonic() - self._start) / 60
-        status = ", ".join(f"{n} {s.lower()}" for s, n in sorted(counts.items()))
+        status = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         lines = [
             f"--- {elapsed:.1f} min: {status} of {self.num_samples}"
             + (f"; best {self.metric_key} {_fmt(self._score(best))} ({best})" if best else "")
@@ -134,7 +149,7 @@ class ProgressPrinter(Callback):
             body.append(
                 [
                     str(trial),
-                    trial.status.lower(),
+                    self.status(trial),
                     *(_fmt(trial.config.get(k, "")) for k in keys),
                     str(result.get("step", "")),
                     _fmt(result[self.metric_key]) if self.metric_key in result else "",

@@ -546,8 +546,21 @@ def test_predict_command_pairs(store, trained, pair_task_files, tmp_path):
         (["--experiment", "failed"], "x\n", "has no trained artefacts under model/"),
         (["--experiment", "pt-bert", "--input", "/no/such/file.txt"], "", "file not found"),
         (["--experiment", "pt-bert"], "\n  \n", "stdin: no input texts"),
+        # a device is read like a file (it used to be "file not found"); a folder is refused
+        (["--experiment", "pt-bert", "--input", "/dev/null"], "", "/dev/null: no input texts"),
+        (["--experiment", "pt-bert", "--input", "/"], "", "--input /: is a folder"),
     ],
-    ids=["none", "both", "unknown-run", "unknown-experiment", "failed-run", "no-file", "empty"],
+    ids=[
+        "none",
+        "both",
+        "unknown-run",
+        "unknown-experiment",
+        "failed-run",
+        "no-file",
+        "empty",
+        "dev-null",
+        "folder",
+    ],
 )
 def test_predict_command_errors(store, args, stdin, message):
     result = invoke("predict", *args, "--tracking-uri", store.uri, input=stdin)

@@ -96,6 +96,7 @@ def test_per_trial_seeds_come_from_the_optuna_trial_number():
 class FakeTrial:
     def __init__(self, name, status, config, last_result):
         self.name, self.status, self.config, self.last_result = name, status, config, last_result
+        self.trial_id = name
 
     def __str__(self):
         return self.name
@@ -127,8 +128,15 @@ def test_progress_table_and_lines():
         ),
         FakeTrial("pt_4", "PENDING", {}, {}),
     ]
+    printer.on_trial_complete(0, trials, trials[2])
+    printer.on_trial_complete(0, trials, trials[0])
+    assert lines == [
+        "[1/4] pt_3 stopped early at step 10: best_val_accuracy 0.7",
+        "[2/4] pt_1 finished: best_val_accuracy 0.6",
+    ]
     table = printer.table(trials).splitlines()
-    assert "1 pending, 1 running, 2 terminated of 4" in table[0]
+    # what became of each trial, as the summary says it (not Tune's "terminated")
+    assert "1 finished, 1 pending, 1 running, 1 stopped early of 4" in table[0]
     assert "best best_val_accuracy 0.7 (pt_3)" in table[0]
     assert table[1].split() == [
         "trial",
@@ -139,9 +147,10 @@ def test_progress_table_and_lines():
         "best_val_accuracy",
     ]
     assert [row.split()[0] for row in table[2:]] == ["pt_2", "pt_3", "pt_1"]  # running, best
-    printer.on_trial_complete(0, trials, trials[2])
-    printer.on_trial_complete(0, trials, trials[0])
-    assert lines == [
-        "[1/4] pt_3 stopped early at step 10: best_val_accuracy 0.7",
-        "[2/4] pt_1 finished: best_val_accuracy 0.6",
-    ]
+    assert table[3].split()[1:3] == ["stopped", "early"] and table[4].split()[1] == "finished"
+
+
+def test_a_trial_a_pause_left_unfinished_is_shown_interrupted():
+    printer = ProgressPrinter(["method.lr"], "best_val_accuracy", "max", num_samples=2)
+    paused = FakeTrial("pt_1", "TERMINATED", {"method.lr": 0.1}, {"step": 10})
+    assert printer.status(paused) == "interrupted"  # Tune never completed it
