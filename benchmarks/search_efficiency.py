@@ -131,7 +131,7 @@ def answered_proposals(summary) -> int:
     configuration it had already run)."""
     import optuna  # why: the benchmark's CLI starts fast
 
-    from raypeft.search.searcher import ANSWERED_FROM_ATTR
+    from raypeft.search.study import ANSWERED_FROM_ATTR
 
     study = optuna.load_study(study_name=summary.optuna_study, storage=summary.optuna_storage)
     return sum(ANSWERED_FROM_ATTR in t.user_attrs for t in study.get_trials(deepcopy=False))

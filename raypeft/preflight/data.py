@@ -17,7 +17,7 @@ from raypeft.data.tasks import (
     load_splits,
     resolve_task_spec,
 )
-from raypeft.search.searcher import resolve_constraints, resolve_objectives
+from raypeft.search.objectives import resolve_constraints, resolve_objectives
 
 
 @dataclass(frozen=True)

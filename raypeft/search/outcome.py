@@ -19,9 +19,9 @@ import torch
 
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask
+from raypeft.search.objectives import Constraints, ResolvedObjective
 from raypeft.search.repeats import RepeatGroup
 from raypeft.search.results import TrialResult
-from raypeft.search.searcher import Constraints, ResolvedObjective, pareto_front
 from raypeft.tracking.callback import MLflowTrialCallback
 from raypeft.tracking.registry import Published
 from raypeft.tracking.tags import PARETO_FRONT_TAG
@@ -96,6 +96,23 @@ def choose_best(
     if not pool:
         return None, False
     return max(pool, key=lambda t: sign * t.metrics[key]), bool(feasible) or not constraints
+
+
+def pareto_front(rows: list[dict[str, float]], objectives: list[ResolvedObjective]) -> list[int]:
+    """Indices of the rows no other row dominates (at least as good everywhere, better once)."""
+
+    def better_or_equal(a: dict, b: dict) -> bool:
+        return all(
+            (a[o.result_key] >= b[o.result_key])
+            if o.mode == "max"
+            else (a[o.result_key] <= b[o.result_key])
+            for o in objectives
+        )
+
+    def dominates(a: dict, b: dict) -> bool:
+        return better_or_equal(a, b) and any(a[o.result_key] != b[o.result_key] for o in objectives)
+
+    return [i for i, row in enumerate(rows) if not any(dominates(other, row) for other in rows)]
 
 
 def tag_pareto_front(

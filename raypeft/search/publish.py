@@ -19,9 +19,9 @@ from mlflow.tracking import MlflowClient
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask
 from raypeft.errors import ConfigError
+from raypeft.search.objectives import ResolvedObjective
 from raypeft.search.outcome import SearchSummary
 from raypeft.search.results import TrialResult
-from raypeft.search.searcher import ResolvedObjective
 from raypeft.search.trial_records import log_trial_model
 from raypeft.tracking.datasets import dataset_inputs, log_dataset_inputs
 from raypeft.tracking.experiment_view import tag_experiment

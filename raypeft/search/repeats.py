@@ -20,8 +20,8 @@ from ray.tune.schedulers import FIFOScheduler
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
 from raypeft.config.schema import REPEAT_OF
+from raypeft.search.objectives import Constraints, ResolvedObjective
 from raypeft.search.results import TrialResult, trial_results
-from raypeft.search.searcher import Constraints, ResolvedObjective
 from raypeft.search.tuner import TuneRunner, max_concurrent
 
 

@@ -36,6 +36,13 @@ from raypeft.methods import BackboneDims
 from raypeft.modeling.backbones import backbone_dims, frozen_backbone, load_config
 from raypeft.search.interrupted import config_hash, find_interrupted_search
 from raypeft.search.interrupts import Interrupts, SearchInterrupted
+from raypeft.search.objectives import (
+    Constraints,
+    ResolvedObjective,
+    resolve_constraints,
+    resolve_objectives,
+    stops_on_objective,
+)
 from raypeft.search.outcome import (
     Outcome,
     SearchSummary,
@@ -51,18 +58,8 @@ from raypeft.search.ray_session import init_ray
 from raypeft.search.repeats import run_repeats
 from raypeft.search.resources import check_fits, cluster_nodes, describe_placement
 from raypeft.search.results import TrialResult, trial_results
-from raypeft.search.searcher import (
-    Constraints,
-    ResolvedObjective,
-    StudyPlan,
-    fail_orphans,
-    plan_study,
-    record_chosen,
-    resolve_constraints,
-    resolve_objectives,
-    stops_on_objective,
-)
 from raypeft.search.space import candidate_methods
+from raypeft.search.study import StudyPlan, fail_orphans, plan_study, record_chosen
 from raypeft.search.trial_records import TrialRecordsCallback
 from raypeft.search.trial_runners import storage_path
 from raypeft.search.tuner import (

@@ -28,19 +28,17 @@ from ray.tune.search import ConcurrencyLimiter, Searcher
 from raypeft.config.schema import ExperimentConfig, space_candidates
 from raypeft.methods import BackboneDims
 from raypeft.search.interrupts import TuneSignals, raise_if_interrupted
-from raypeft.search.packs import open_packs, packed_trainable
-from raypeft.search.resources import trials_at_once
-from raypeft.search.searcher import (
+from raypeft.search.objectives import (
     Constraints,
-    PruningAwareSearch,
     ResolvedObjective,
-    StudyPlan,
-    build_sampler,
-    discrete_space,
     scheduler_target,
     stops_on_objective,
 )
+from raypeft.search.packs import open_packs, packed_trainable
+from raypeft.search.resources import trials_at_once
+from raypeft.search.searcher import StudySearcher, discrete_space
 from raypeft.search.space import DefineByRun
+from raypeft.search.study import StudyPlan, build_sampler
 from raypeft.search.trial_runners import storage_path, trainable_for, use_ray_train
 from raypeft.tracking.callback import MLflowTrialCallback
 
@@ -75,18 +73,15 @@ def optuna_searcher(
     """Optuna's define-by-run searcher on the persisted study, at most
     :func:`max_concurrent` trials at a time. In a discrete space it answers a configuration
     the study already holds from it instead of training it again."""
-    multi = len(objectives) > 1
-    search = PruningAwareSearch(
-        space=DefineByRun(cfg, dims),
-        metric=[o.result_key for o in objectives] if multi else objectives[0].result_key,
-        mode=[o.mode for o in objectives] if multi else objectives[0].mode,
-        sampler=build_sampler(cfg, study.finished_before),
-        points_to_evaluate=study.points or None,
-        storage=study.storage,
-        study_name=study.study_name,
-        objectives=objectives,
-        constraints=constraints,
-        parent_run_id=parent_run_id,
+    search = StudySearcher(
+        DefineByRun(cfg, dims),
+        study.storage,
+        study.study_name,
+        build_sampler(cfg, study.finished_before),
+        objectives,
+        constraints,
+        parent_run_id,
+        points_to_evaluate=study.points,
         answer_repeats=discrete_space(cfg),
         prune_stopped=stops_on_objective(cfg, objectives[0]),
     )

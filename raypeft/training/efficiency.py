@@ -1,5 +1,5 @@
 """What a trial costs, reported with every evaluation: the searcher can trade accuracy against
-it (objectives such as ``peak_memory_mb``: :func:`raypeft.search.searcher.resolve_objectives`)."""
+it (objectives such as ``peak_memory_mb``: :func:`raypeft.search.objectives.resolve_objectives`)."""
 
 from __future__ import annotations
 

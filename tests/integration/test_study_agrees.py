@@ -6,7 +6,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from raypeft.search.searcher import CHOSEN_ATTR, TUNE_TRIAL_ATTR
+from raypeft.search.study import CHOSEN_ATTR, TUNE_TRIAL_ATTR
 from raypeft.tracking.tags import BEST_TRIAL_TAG
 
 pytestmark = pytest.mark.integration

@@ -1,7 +1,7 @@
 """Early stopping's levers: a configuration already run is answered from the study, not
 trained again; the scheduler decides on its own metric.
 
-``PruningAwareSearch`` is driven the way Tune's controller drives it (suggest, results,
+``StudySearcher`` is driven the way Tune's controller drives it (suggest, results,
 completion) on a real sqlite Optuna storage, with Optuna's real samplers; which configuration
 Optuna proposes next is set with ``study.enqueue_trial``.
 """
@@ -16,16 +16,9 @@ from ray.tune.search import Searcher
 
 from raypeft.config.schema import validate_experiment
 from raypeft.errors import ConfigError
-from raypeft.search.searcher import (
-    ANSWERED_FROM_ATTR,
-    METRICS_ATTR,
-    Constraints,
-    PruningAwareSearch,
-    ResolvedObjective,
-    discrete_space,
-    open_storage,
-    resolve_objectives,
-)
+from raypeft.search.objectives import Constraints, ResolvedObjective, resolve_objectives
+from raypeft.search.searcher import StudySearcher, discrete_space
+from raypeft.search.study import ANSWERED_FROM_ATTR, METRICS_ATTR, open_storage
 from raypeft.search.tuner import scheduler
 from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
@@ -48,16 +41,14 @@ def define_by_run(trial):
 
 
 def make_search(url, parent="parent123", answer=True):
-    return PruningAwareSearch(
-        space=define_by_run,
-        metric=ACC.result_key,
-        mode=ACC.mode,
-        sampler=optuna.samplers.TPESampler(seed=0),
-        storage=open_storage(url),
-        study_name="study",
-        objectives=[ACC],
-        constraints=Constraints({}),
-        parent_run_id=parent,
+    return StudySearcher(
+        define_by_run,
+        open_storage(url),
+        "study",
+        optuna.samplers.TPESampler(seed=0),
+        [ACC],
+        Constraints({}),
+        parent,
         answer_repeats=answer,
     )
 
@@ -75,7 +66,7 @@ def result(step: int, acc: float) -> dict:
 def propose(search, *xs) -> None:
     """Make Optuna's next proposals the configurations ``xs``, in order."""
     for x in xs:
-        search._ot_study.enqueue_trial({"x": x})
+        search.study.enqueue_trial({"x": x})
 
 
 def run(search, trial_id, *accs, until=30) -> None:
@@ -164,7 +155,7 @@ def test_a_sampler_stuck_on_known_configurations_explores_then_ends(url):
     assert search.suggest("b") == {"x": 2}
     run(search, "b", 0.4, 0.5, 0.6)
     answered = [t for t in trials(url) if ANSWERED_FROM_ATTR in t.user_attrs]
-    assert len(answered) == PruningAwareSearch.MAX_REPEATS
+    assert len(answered) == StudySearcher.MAX_REPEATS
     assert all(t.state == TrialState.COMPLETE and t.value == 0.7 for t in answered)
     assert search.suggest("c") == Searcher.FINISHED  # both configurations have run
 

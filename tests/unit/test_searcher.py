@@ -1,6 +1,6 @@
 """Optuna behind Tune: pruned trials, persisted studies, objectives, constraints, samplers.
 
-``PruningAwareSearch`` is driven here the way Tune's controller drives it (suggest, results,
+``StudySearcher`` is driven here the way Tune's controller drives it (suggest, results,
 completion), on a real sqlite Optuna storage; the study is then read back with Optuna.
 """
 
@@ -14,24 +14,26 @@ from optuna.trial import TrialState
 
 from raypeft.config.schema import Bound, validate_experiment
 from raypeft.errors import ConfigError
-from raypeft.search.searcher import (
+from raypeft.search.objectives import (
+    Constraints,
+    ResolvedObjective,
+    resolve_constraints,
+    resolve_objectives,
+    stops_on_objective,
+)
+from raypeft.search.outcome import pareto_front
+from raypeft.search.searcher import StudySearcher
+from raypeft.search.study import (
     DRIVER_ATTR,
     METRICS_ATTR,
     PARENT_RUN_ATTR,
     STOPPED_EARLY_ATTR,
-    Constraints,
-    PruningAwareSearch,
-    ResolvedObjective,
     build_sampler,
     default_storage,
     open_storage,
-    pareto_front,
     plan_study,
     prepare_study,
     remaining_grid_points,
-    resolve_constraints,
-    resolve_objectives,
-    stops_on_objective,
     this_driver,
 )
 from raypeft.training.result_keys import TRIAL_STEPS_KEY
@@ -56,17 +58,14 @@ def define_by_run(trial):
 
 def make_search(tmp_path, objectives, constraints=None, prune_stopped=True):
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    multi = len(objectives) > 1
-    search = PruningAwareSearch(
-        space=define_by_run,
-        metric=[o.result_key for o in objectives] if multi else objectives[0].result_key,
-        mode=[o.mode for o in objectives] if multi else objectives[0].mode,
-        sampler=optuna.samplers.RandomSampler(seed=0),
-        storage=open_storage(url),
-        study_name="study",
-        objectives=objectives,
-        constraints=constraints or Constraints({}),
-        parent_run_id="parent123",
+    search = StudySearcher(
+        define_by_run,
+        open_storage(url),
+        "study",
+        optuna.samplers.RandomSampler(seed=0),
+        objectives,
+        constraints or Constraints({}),
+        "parent123",
         prune_stopped=prune_stopped,
     )
     return search, url

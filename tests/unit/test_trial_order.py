@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from raypeft.search.objectives import Constraints, ResolvedObjective
 from raypeft.search.outcome import choose_best
 from raypeft.search.repeats import top_trials
 from raypeft.search.results import TrialResult, trial_results
-from raypeft.search.searcher import Constraints, ResolvedObjective
 from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
 

@@ -1,0 +1,285 @@
+"""The persisted Optuna study a search records its trials in: its sampler, its storage (by
+default ``optuna.db`` beside the MLflow store), what an earlier or a concurrent search left in
+it, and which process runs which search (liveness), so that searches of one study started
+together leave each other's trials alone.
+
+Only Optuna's public API: a trial is addressed by its number, and the storage's own id for it
+comes from ``BaseStorage.get_trial_id_from_study_id_trial_number``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+from optuna.trial import TrialState
+
+from raypeft.config.redact import redact_uri
+from raypeft.config.schema import ExperimentConfig, GridParam, is_conditional
+from raypeft.errors import ConfigError
+from raypeft.search.objectives import ResolvedObjective
+from raypeft.tracking.stores import store_lock
+
+METRICS_ATTR = "raypeft.metrics"  # user attribute: the trial's last reported metrics
+TUNE_TRIAL_ATTR = "raypeft.tune_trial_id"
+PARENT_RUN_ATTR = "raypeft.parent_run_id"  # the MLflow search the trial belongs to
+ERROR_ATTR = "raypeft.error"  # why the trial failed
+# A trial paused by Ctrl-C/SIGTERM is closed FAIL (nothing is left RUNNING) with this attribute
+# (the signal's name); `--resume` continues it in a new trial, which names it (an Optuna trial
+# cannot change once finished) with RESUMED_FROM_ATTR: the paused trial's number.
+INTERRUPTED_ATTR = "raypeft.interrupted"
+RESUMED_FROM_ATTR = "raypeft.resumed_from_trial"
+# In a discrete space, a proposal of a configuration the study already holds is not trained
+# again: it is answered from that trial (its number, under this attribute).
+ANSWERED_FROM_ATTR = "raypeft.answered_from_trial"
+# A trial the scheduler stopped on a metric other than the objective is COMPLETE with the
+# objective value its kept checkpoint holds; this attribute names the step it stopped at.
+STOPPED_EARLY_ATTR = "raypeft.stopped_early_at_step"
+# A study attribute per search (this prefix + its parent run id): the Optuna trial number of
+# the configuration the search chose (the registered champion's trial).
+CHOSEN_ATTR = "raypeft.chosen_trial."
+# A study attribute per search (this prefix + its parent run id): the process running it,
+# "host|pid|start time". A search started beside it leaves its trials alone.
+DRIVER_ATTR = "raypeft.driver."
+
+
+def build_sampler(cfg: ExperimentConfig, earlier_trials: int = 0) -> optuna.samplers.BaseSampler:
+    """The Optuna sampler ``search.sampler`` names, seeded by ``search.seed`` plus the number
+    of trials earlier searches left in the study (``earlier_trials``): a search continuing a
+    study draws new configurations, not its first search's again, and is still reproducible.
+
+    Constraints reach TPE and NSGA-II through each trial's ``set_constraint`` values
+    (Optuna 5), set by :class:`PruningAwareSearch`; the other samplers ignore them, but the
+    best trial still has to meet them.
+    """
+    seed = cfg.search.seed + earlier_trials
+    name = cfg.search.sampler
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        grid = {
+            key: (p.grid if isinstance(p, GridParam) else p.choice) for key, p in cfg.space.items()
+        }
+        return _GridSampler(grid, seed=seed)
+    if name == "cmaes":
+        # CMA-ES models the numeric keys jointly; categorical ones are sampled by TPE
+        return optuna.samplers.CmaEsSampler(
+            seed=seed,
+            independent_sampler=optuna.samplers.TPESampler(seed=seed),
+            warn_independent_sampling=False,
+        )
+    if name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=seed)
+    conditional = any(is_conditional(k) for k in cfg.space)
+    # multivariate TPE with groups models keys that only some trials have (conditional knobs)
+    return optuna.samplers.TPESampler(seed=seed, multivariate=conditional, group=conditional)
+
+
+class _GridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, minus ``study.stop()`` once every point is visited: that call
+    only works inside ``study.optimize``, and here Tune's ``num_samples`` ends the search."""
+
+    def after_trial(self, study, trial, state, values) -> None:
+        pass
+
+
+def directions(modes: list[str]) -> list[str]:
+    """Optuna's study directions for raypeft's modes (max, min)."""
+    return ["maximize" if m == "max" else "minimize" for m in modes]
+
+
+def default_storage(tracking_uri: str) -> str:
+    """``optuna.db`` beside a local sqlite MLflow store; else in the working directory."""
+    if tracking_uri.startswith("sqlite:///"):
+        folder = Path(tracking_uri[len("sqlite:///") :]).expanduser().resolve().parent
+        return f"sqlite:///{folder / 'optuna.db'}"
+    return f"sqlite:///{Path('optuna.db').resolve()}"
+
+
+def open_storage(url: str) -> optuna.storages.RDBStorage:
+    """Optuna's storage at ``url``; a new sqlite file's tables are created under
+    :func:`store_lock`, so that searches started together in one folder do not collide."""
+    try:
+        with store_lock(url, "search.storage"):
+            return optuna.storages.RDBStorage(url)
+    except Exception as exc:  # bad URL, unreachable database, missing driver
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"search.storage: cannot open Optuna storage {redact_uri(url)!r}: {redact_uri(first)}"
+        ) from None
+
+
+def prepare_study(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    modes: list[str],
+    resuming: bool = False,
+) -> list[dict[str, Any]]:
+    """Get a persisted study ready to be continued; returns the params of its finished trials.
+
+    Trials left RUNNING or WAITING by a search that died are marked FAIL, so the sampler does
+    not hand them out again - unless that search is being resumed (``resuming``): its trials
+    continue. Trials of a search still running (started beside this one, in another process)
+    are its own and left alone. A study created for other objective directions is refused.
+    """
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return []  # a new study
+    wanted = [
+        optuna.study.StudyDirection.MAXIMIZE if m == "max" else optuna.study.StudyDirection.MINIMIZE
+        for m in modes
+    ]
+    if list(study.directions) != wanted:
+        have = [
+            "max" if d == optuna.study.StudyDirection.MAXIMIZE else "min" for d in study.directions
+        ]
+        raise ConfigError(
+            f"search.study_name: Optuna study {study_name!r} was created for directions {have}, "
+            f"this search optimises {modes}; set search.study_name to start a new study"
+        )
+    finished = []
+    searches = dict(study.user_attrs)
+    for trial in study.get_trials(deepcopy=False):
+        if trial.state in (TrialState.RUNNING, TrialState.WAITING):
+            if not resuming and not _of_live_search(trial, searches):
+                storage.set_trial_state_values(
+                    storage_id(storage, study_name, trial.number), TrialState.FAIL
+                )
+        elif trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
+            finished.append(dict(trial.params))
+    return finished
+
+
+def storage_id(storage: optuna.storages.BaseStorage, study_name: str, number: int) -> int:
+    """The storage's id of trial ``number`` of study ``study_name`` (what the storage's
+    methods take; a FrozenTrial knows it only privately)."""
+    study_id = storage.get_study_id_from_name(study_name)
+    return storage.get_trial_id_from_study_id_trial_number(study_id, number)
+
+
+@functools.cache
+def _driver(pid: int) -> str:
+    return f"{socket.gethostname()}|{pid}|{psutil.Process(pid).create_time():.3f}"
+
+
+def this_driver() -> str:
+    """This process, as :data:`DRIVER_ATTR` names a search's process."""
+    return _driver(os.getpid())
+
+
+def driver_alive(driver: str | None) -> bool:
+    """Whether the search process ``driver`` (``host|pid|start time``) still runs. One on
+    another machine cannot be checked from here: it counts as running."""
+    try:
+        host, pid, started = (driver or "").rsplit("|", 2)
+        if host != socket.gethostname():
+            return True
+        return abs(psutil.Process(int(pid)).create_time() - float(started)) < 1.0
+    except (ValueError, psutil.Error):  # no such process (any more), or no driver noted
+        return False
+
+
+def _of_live_search(trial: optuna.trial.FrozenTrial, searches: dict[str, Any]) -> bool:
+    """A RUNNING or WAITING trial belongs to a search still running (started beside this
+    one): its own search's process is alive; for a trial not yet claimed by a search (just
+    asked for, or enqueued), any search of the study is."""
+    parent = trial.user_attrs.get(PARENT_RUN_ATTR)
+    if parent is not None:
+        return driver_alive(searches.get(DRIVER_ATTR + str(parent)))
+    return any(driver_alive(v) for k, v in searches.items() if k.startswith(DRIVER_ATTR))
+
+
+def fail_orphans(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    parent_run_id: str,
+    reason: str = "interrupted before Ray Tune recorded it",
+    interrupted_by: str | None = None,
+) -> int:
+    """Mark FAIL the trials of this search still RUNNING, with the reason. Returns how many.
+
+    After a resumed search, they were asked for just before the driver died, after Tune's last
+    snapshot of the experiment, so no Tune trial will ever finish them. When a search pauses
+    (``interrupted_by``: the signal's name), they are the interrupted trials: ``--resume``
+    takes each up again (:meth:`PruningAwareSearch.take_up_interrupted`).
+    """
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    orphans = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
+    ]
+    for trial in orphans:
+        trial_id = storage_id(storage, study_name, trial.number)
+        storage.set_trial_user_attr(trial_id, ERROR_ATTR, reason)
+        if interrupted_by:
+            storage.set_trial_user_attr(trial_id, INTERRUPTED_ATTR, interrupted_by)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    return len(orphans)
+
+
+def remaining_grid_points(
+    points: list[dict[str, Any]], finished: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Grid points no finished trial of the study has run yet (continuing a search)."""
+
+    def matches(point: dict[str, Any], params: dict[str, Any]) -> bool:
+        return all(k in params and params[k] == v for k, v in point.items())
+
+    return [p for p in points if not any(matches(p, done) for done in finished)]
+
+
+@dataclass
+class StudyPlan:
+    """Where the Optuna study lives and what is left of its grid."""
+
+    storage_url: str
+    storage: Any  # the opened optuna RDBStorage, handed to the searcher
+    study_name: str
+    points: list[dict[str, Any]]  # grid points still to run (all of them in a new study)
+    finished_before: int  # trials of earlier searches of the same study
+
+
+def plan_study(
+    cfg: ExperimentConfig,
+    tracking_uri: str,
+    objectives: list[ResolvedObjective],
+    resuming: bool = False,
+) -> StudyPlan:
+    """Open (or create) the persisted study, its objectives named (optuna-dashboard's axes and
+    ``study.metric_names``); skip grid points an earlier search ran."""
+    url = cfg.search.storage or default_storage(tracking_uri)
+    name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
+    storage = open_storage(url)  # opened once: prepared here, then used by the searcher
+    modes = [o.mode for o in objectives]
+    finished = prepare_study(storage, name, modes, resuming=resuming)
+    study = optuna.create_study(
+        storage=storage,
+        study_name=name,
+        directions=directions(modes),
+        load_if_exists=True,
+    )
+    study.set_metric_names([o.name for o in objectives])
+    grid = [] if cfg.search.sampler == "grid" else cfg.grid_points()
+    return StudyPlan(url, storage, name, remaining_grid_points(grid, finished), len(finished))
+
+
+def record_chosen(storage, study_name: str, parent_run_id: str, tune_trial_id: str) -> None:
+    """Name on the study (:data:`CHOSEN_ATTR` + the search's parent run id) the Optuna trial
+    of the configuration the search chose: the same one ``study.best_trial`` returns, once
+    the search's trials are all told."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    for trial in study.get_trials(deepcopy=False):
+        attrs = trial.user_attrs
+        if attrs.get(TUNE_TRIAL_ATTR) == tune_trial_id and attrs.get(PARENT_RUN_ATTR) == (
+            parent_run_id
+        ):
+            study.set_user_attr(CHOSEN_ATTR + parent_run_id, trial.number)
+            return
