@@ -116,7 +116,7 @@ def method_dict(name: str, args: argparse.Namespace) -> dict:
 
 
 def step_config(name: str, args: argparse.Namespace):
-    from raypeft.config.schema import validate_experiment
+    from raypeft.config.loading import validate_experiment
 
     return validate_experiment(
         {
@@ -503,7 +503,7 @@ def searched_lrs(n: int) -> list[float]:
 
 
 def ray_config(args: argparse.Namespace, runner: str, tmp: Path):
-    from raypeft.config.schema import validate_experiment
+    from raypeft.config.loading import validate_experiment
 
     return validate_experiment(
         {

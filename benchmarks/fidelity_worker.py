@@ -15,7 +15,8 @@ import torch
 from fidelity_plan import METHODS, Run, Setting, run_config
 from safetensors.torch import load_file
 
-from raypeft.config.schema import ModelConfig, validate_experiment
+from raypeft.config.loading import validate_experiment
+from raypeft.config.schema import ModelConfig
 from raypeft.data import TokenizedTask, prepare_task
 from raypeft.data.metrics import compute_metrics
 from raypeft.modeling.backbones import frozen_backbone, load_config

@@ -41,7 +41,7 @@ def build(args):
     import numpy as np
     import torch
 
-    from raypeft.config.schema import validate_experiment
+    from raypeft.config.loading import validate_experiment
     from raypeft.data import prepare_task
     from raypeft.modeling.build import build_model
     from raypeft.training.datasets import ensure_features, split_dataset

@@ -73,7 +73,7 @@ class _Task:
 
 
 def step_config(method: dict, precision: str):
-    from raypeft.config.schema import validate_experiment
+    from raypeft.config.loading import validate_experiment
 
     return validate_experiment(
         {

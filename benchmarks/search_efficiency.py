@@ -139,7 +139,7 @@ def answered_proposals(summary) -> int:
 
 def run_search(args, label: str, space: dict | None = None, **search) -> dict:
     """Run one search through raypeft; its compute, best value and per-trial records."""
-    from raypeft.config.schema import validate_experiment
+    from raypeft.config.loading import validate_experiment
     from raypeft.search.run import run_experiment
 
     store = Path(tempfile.mkdtemp(prefix=f"search-efficiency-{label}-"))

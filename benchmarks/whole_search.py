@@ -12,7 +12,7 @@ from pathlib import Path
 def experiment_in(space: Path, name: str, overrides: list[str], folder: Path):
     """The experiment file ``space`` with ``overrides`` (as ``raypeft tune --set``), renamed
     ``name``, its MLflow store and Ray results in ``folder``."""
-    from raypeft.config.schema import load_experiment
+    from raypeft.config.loading import load_experiment
 
     return load_experiment(
         space,

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from raypeft.cli.options import fail, quiet_libraries
-from raypeft.config.schema import load_experiment
+from raypeft.config.loading import load_experiment
 from raypeft.errors import ConfigError
 
 

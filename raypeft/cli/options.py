@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from raypeft.config.schema import ExperimentConfig, load_experiment
+from raypeft.config.loading import load_experiment
+from raypeft.config.schema import ExperimentConfig
 from raypeft.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -1,46 +1,37 @@
-"""The experiment file: pydantic models, loading, ``--set`` overrides and one-line errors.
+"""The experiment file's pydantic models: every section, its defaults and its rules.
 
-Everything a run needs is validated here before Ray, MLflow or any folder is touched.
+Reading a file (YAML, ``--set``, the checks across sections) is :mod:`raypeft.config.loading`;
+the ``space`` section's language is :mod:`raypeft.config.space`. Everything a run needs is
+validated before Ray, MLflow or any folder is touched.
 """
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Discriminator,
     Field,
-    Tag,
     ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
-from raypeft.config.messages import _key_hint, _loc_text, describe_error, format_validation_error
+from raypeft.config.dotted import set_dotted
+from raypeft.config.messages import _key_hint, _loc_text, describe_error
 from raypeft.config.method_configs import (
     RegisteredMethodConfig,
     method_config_classes,
     on_method_registered,
 )
-from raypeft.errors import ConfigError
+from raypeft.config.space import SPACE_KINDS, SpaceParam, StrictModel, is_conditional
 
 
-class _Strict(BaseModel):
-    # unknown keys are errors, and so is NaN or an infinity in any float key (YAML reads
-    # `.nan` and `.inf` as floats; a learning rate of inf would only fail inside a trial)
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-class ModelConfig(_Strict):
+class ModelConfig(StrictModel):
     """The frozen backbone."""
 
     name: str = Field(
@@ -59,7 +50,7 @@ class ModelConfig(_Strict):
     )
 
 
-class TaskConfig(_Strict):
+class TaskConfig(StrictModel):
     """The labelled task: a registered one, any Hub dataset (`hub`) or local files (`files`)."""
 
     name: str = Field(
@@ -98,7 +89,7 @@ class TaskConfig(_Strict):
     )
 
 
-class TrainConfig(_Strict):
+class TrainConfig(StrictModel):
     """The training loop shared by every method (defaults follow DePT's Table 10)."""
 
     max_steps: int = Field(1000, ge=1)
@@ -161,86 +152,7 @@ class TrainConfig(_Strict):
         return self
 
 
-class GridParam(_Strict):
-    grid: list[Any] = Field(min_length=1, description="joint grid: every combination is run")
-
-
-class ChoiceParam(_Strict):
-    choice: list[Any] = Field(min_length=1, description="categorical, sampled by Optuna")
-
-
-def _ordered(kind: str, bounds: tuple) -> tuple:
-    low, high = bounds
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise ValueError(
-            f"`low` and `high` must be finite numbers for {kind}, but got {list(bounds)}"
-        )
-    if low > high:
-        raise ValueError(f"`low <= high` must hold for {kind}: [low, high], but got {list(bounds)}")
-    return bounds
-
-
-class UniformParam(_Strict):
-    uniform: tuple[float, float]
-
-    @field_validator("uniform")
-    @classmethod
-    def _low_high(cls, v):
-        return _ordered("uniform", v)
-
-
-class LogUniformParam(_Strict):
-    loguniform: tuple[float, float]
-
-    @field_validator("loguniform")
-    @classmethod
-    def _positive(cls, v):
-        if v[0] <= 0:
-            raise ValueError(f"`0 < low` must hold for loguniform, but got low={v[0]}")
-        return _ordered("loguniform", v)
-
-
-class IntParam(_Strict):
-    int: tuple[int, int]
-    step: int = Field(1, ge=1)
-
-    @field_validator("int")
-    @classmethod
-    def _low_high(cls, v):
-        return _ordered("int", v)
-
-    @model_validator(mode="after")
-    def _step_fits(self) -> IntParam:
-        low, high = self.int
-        if (high - low) % self.step:
-            raise ValueError(
-                f"`(high - low) % step == 0` must hold for int (every value low, low+step, "
-                f"..., high), but got int=[{low}, {high}], step={self.step}"
-            )
-        return self
-
-
-SPACE_KINDS = {"grid", "choice", "uniform", "loguniform", "int"}
-
-
-def _space_kind(entry: Any) -> str | None:
-    if isinstance(entry, BaseModel):
-        entry = entry.model_dump()
-    kinds = set(entry) & SPACE_KINDS if isinstance(entry, dict) else set()
-    return kinds.pop() if len(kinds) == 1 else None
-
-
-SpaceParam = Annotated[
-    Annotated[GridParam, Tag("grid")]
-    | Annotated[ChoiceParam, Tag("choice")]
-    | Annotated[UniformParam, Tag("uniform")]
-    | Annotated[LogUniformParam, Tag("loguniform")]
-    | Annotated[IntParam, Tag("int")],
-    Discriminator(_space_kind),
-]
-
-
-class SchedulerConfig(_Strict):
+class SchedulerConfig(StrictModel):
     """Early stopping of trials (one Tune iteration = one evaluation)."""
 
     type: Literal["asha", "hyperband", "median", "none"] = Field(
@@ -280,7 +192,7 @@ EFFICIENCY_METRICS: dict[str, str] = {
 }
 
 
-class Objective(_Strict):
+class Objective(StrictModel):
     """One objective: a validation metric of the task (its best value in the trial) or an
     efficiency figure (trainable_params, train_samples_per_s, eval_samples_per_s,
     peak_memory_mb, wall_time_s)."""
@@ -289,7 +201,7 @@ class Objective(_Strict):
     mode: Literal["max", "min"] | None = Field(None, description="default: the metric's")
 
 
-class Bound(_Strict):
+class Bound(StrictModel):
     """A constraint on one metric: trials outside it are infeasible for the sampler and are
     never chosen as the best."""
 
@@ -305,14 +217,14 @@ class Bound(_Strict):
         return self
 
 
-class RepeatBest(_Strict):
+class RepeatBest(StrictModel):
     """After the search, train the best configurations again with other seeds."""
 
     top_k: int = Field(3, ge=1, description="how many of the best configurations to repeat")
     seeds: int = Field(2, ge=1, description="extra seeds per configuration (train.seed + 1..n)")
 
 
-class SearchConfig(_Strict):
+class SearchConfig(StrictModel):
     """Ray Tune + Optuna settings."""
 
     metric: str | None = Field(None, description="validation metric to optimise (default: task's)")
@@ -383,7 +295,7 @@ class SearchConfig(_Strict):
         return [Objective(metric=self.metric or default_metric, mode=self.mode)]
 
 
-class ResourcesConfig(_Strict):
+class ResourcesConfig(StrictModel):
     """What one trial asks Ray for: ``workers_per_trial`` workers, each with
     ``cpus_per_worker`` CPUs and ``gpus_per_worker`` GPUs."""
 
@@ -502,7 +414,7 @@ class ResourcesConfig(_Strict):
         return float(self.gpus_per_worker or (1 if self.use_gpu else 0))
 
 
-class TrackingConfig(_Strict):
+class TrackingConfig(StrictModel):
     uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///mlflow.db)")
     experiment: str | None = Field(
         None, min_length=1, description="MLflow experiment name (default: name)"
@@ -556,7 +468,7 @@ class TrackingConfig(_Strict):
         return self.register_model
 
 
-class RunConfig(_Strict):
+class RunConfig(StrictModel):
     """Where Ray keeps results and checkpoints, and how trials survive failures."""
 
     storage_path: str | None = Field(
@@ -572,7 +484,7 @@ class RunConfig(_Strict):
     )
 
 
-class ExperimentConfig(_Strict):
+class ExperimentConfig(StrictModel):
     """One experiment file: what to train, how, and what to search."""
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
@@ -676,7 +588,7 @@ class ExperimentConfig(_Strict):
         sampler = self.search.sampler
         if sampler == "grid":
             for key, param in self.space.items():
-                if not isinstance(param, (GridParam, ChoiceParam)):
+                if param.listed() is None:
                     raise ValueError(
                         f"search.sampler: grid runs every combination of grid/choice keys, so "
                         f"every space key must be grid or choice, but space.{key} is "
@@ -687,17 +599,13 @@ class ExperimentConfig(_Strict):
                         f"search.sampler: grid cannot run the conditional key space.{key} (it "
                         "is inactive in trials of other methods); use tpe or random"
                     )
-            size = math.prod(
-                len(p.grid if isinstance(p, GridParam) else p.choice) for p in self.space.values()
-            )
+            size = math.prod(len(p.listed()) for p in self.space.values())
             if self.search.num_samples > size:
                 raise ValueError(
                     f"search.num_samples: {self.search.num_samples} trials exceed the "
                     f"{size} combinations sampler grid runs (each once)"
                 )
-        if sampler == "cmaes" and not any(
-            isinstance(p, (UniformParam, LogUniformParam, IntParam)) for p in self.space.values()
-        ):
+        if sampler == "cmaes" and all(p.listed() is not None for p in self.space.values()):
             raise ValueError(
                 "search.sampler: cmaes needs at least one uniform, loguniform or int space key "
                 "(it samples the others at random)"
@@ -732,283 +640,38 @@ class ExperimentConfig(_Strict):
         return self
 
     def grid_keys(self) -> list[str]:
-        return [k for k, p in self.space.items() if isinstance(p, GridParam)]
+        return [k for k, p in self.space.items() if p.joint]
 
     def grid_size(self) -> int:
         """How many combinations the joint grid has (computed, not enumerated)."""
         keys = self.grid_keys()
-        return math.prod(len(self.space[k].grid) for k in keys) if keys else 0
+        return math.prod(len(self.space[k].listed()) for k in keys) if keys else 0
+
+    def space_candidates(self, max_int_values: int = 64) -> dict[str, list[Any]]:
+        """Values of each searched key worth resolving before a search: every grid/choice
+        value, every value of a short int range (else its ends), the ends of a float range."""
+        return {k: p.candidates(max_int_values) for k, p in self.space.items()}
+
+    def most_evaluations(self) -> int:
+        """The most evaluations a trial of this search makes (one Tune iteration each; the
+        schedulers' ``max_t``): the longest ``train.max_steps`` over the shortest
+        ``train.eval_every`` the space can give; a shorter trial ends at its own length."""
+        steps, every = self.space.get("train.max_steps"), self.space.get("train.eval_every")
+        longest = steps.largest() if steps else self.train.max_steps
+        most_often = every.smallest() if every else self.train.eval_every
+        return math.ceil(longest / most_often)
 
     def grid_points(self) -> list[dict[str, Any]]:
         """Every combination of the ``grid`` keys (the joint grid), in file order."""
         keys = self.grid_keys()
         if not keys:
             return []
-        values = [self.space[k].grid for k in keys]
+        values = [self.space[k].listed() for k in keys]
         return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
 
 
 # A method registered after this module is imported (a plugin) joins the `method` union too.
 on_method_registered(lambda: ExperimentConfig.model_rebuild(force=True))
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def set_dotted(data: dict, key: str, value: Any) -> None:
-    """``set_dotted(d, "method.lr", 0.1)`` sets ``d["method"]["lr"]``, creating levels."""
-    *parents, leaf = key.split(".")
-    node = data
-    for part in parents:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"{key}: `{part}` is not a section, cannot set `{leaf}` inside it")
-        node = child
-    node[leaf] = value
-
-
-def flatten(data: dict, prefix: str = "") -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists kept as values)."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(flatten(value, path + "."))
-        else:
-            out[path] = value
-    return out
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """``key=value`` with the value parsed as YAML (numbers, lists, true/false, null)."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected key=value")
-    key, raw = text.split("=", 1)
-    if not key.strip():
-        raise ConfigError(f"--set {text!r}: the key is empty")
-    try:
-        value = _safe_yaml(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key.strip(), value
-
-
-# An experiment file is a few hundred values. YAML anchors and aliases share nodes, so a
-# small file can stand for billions of values ("billion laughs"), which validating would
-# walk one by one: such a file is refused before anything is built from it.
-MAX_YAML_VALUES = 100_000
-
-
-def _safe_yaml(text: str) -> Any:
-    """Parse YAML with the safe loader (duplicate keys refused) after checking that anchors
-    and aliases do not expand it beyond :data:`MAX_YAML_VALUES` values."""
-    loader = _UniqueKeyLoader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None:
-            return None
-        size = _expanded_size(node, {})
-        if size > MAX_YAML_VALUES:
-            raise yaml.YAMLError(
-                f"anchors and aliases expand it to more than {MAX_YAML_VALUES:,} values "
-                f"({size:,}); an experiment file must not"
-            )
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int]) -> int:
-    """How many values ``node`` stands for once every alias is expanded (memoised per node,
-    so a shared node is counted in linear time, however often it is referenced)."""
-    if id(node) in sizes:
-        return sizes[id(node)]
-    sizes[id(node)] = 1  # a node that contains itself (a recursive alias) counts once
-    if isinstance(node, yaml.MappingNode):
-        children = [n for pair in node.value for n in pair]
-    elif isinstance(node, yaml.SequenceNode):
-        children = node.value
-    else:
-        children = []
-    sizes[id(node)] = min(1 + sum(_expanded_size(c, sizes) for c in children), 2**62)
-    return sizes[id(node)]
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key written twice in one mapping is an error (the
-    plain loader silently keeps the last one)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"duplicate key {key!r}; each key must appear once in a mapping",
-                    key_node.start_mark,
-                )
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_experiment(path: str | Path, overrides: list[str] = ()) -> ExperimentConfig:
-    """Read, override and validate an experiment file. Raises :class:`ConfigError`."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(
-            f"{path}: cannot read: not UTF-8 text (byte {exc.object[exc.start : exc.start + 1]!r} "
-            f"at position {exc.start}); an experiment file must be UTF-8 YAML"
-        ) from None
-    except OSError as exc:
-        why = exc.strerror or exc.__class__.__name__
-        raise ConfigError(f"{path}: cannot read ({why}); the file must be readable") from None
-    try:
-        data = _safe_yaml(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or (str(exc) if not mark else None)
-        why = f" ({' '.join(str(problem).split())})" if problem else ""
-        raise ConfigError(f"{path}: not valid YAML{where}{why}") from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{path}: the top level must be a mapping of keys, got {type(data).__name__}"
-        )
-    data.setdefault("name", path.stem)
-    for item in overrides:
-        try:
-            key, value = parse_override(item)
-            if key.startswith("space."):
-                # space keys are dotted themselves: space.method.lr -> space["method.lr"]
-                data.setdefault("space", {})[key[len("space.") :]] = value
-            else:
-                set_dotted(data, key, value)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-    return validate_experiment(data, str(path))
-
-
-def validate_experiment(data: dict, source: str) -> ExperimentConfig:
-    """Validate a raw dict; the error names ``source`` and the key."""
-    try:
-        cfg = ExperimentConfig.model_validate(data)
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(err, source, ExperimentConfig)) from None
-    _check_space_keys(cfg, source)
-    _check_grid_size(cfg, source)
-    _check_scheduler(cfg, source)
-    return cfg
-
-
-# Every point of a joint grid is enqueued before Optuna samples (and compared with the
-# trials an earlier search of the study ran): a grid is a list of trials to run, and a
-# prompt-method search runs tens to thousands of them, never billions.
-MAX_GRID_POINTS = 10_000
-
-
-def _check_grid_size(cfg: ExperimentConfig, source: str) -> None:
-    """The joint grid is counted, never enumerated, and refused beyond MAX_GRID_POINTS."""
-    size = cfg.grid_size()
-    if size > MAX_GRID_POINTS:
-        keys = cfg.grid_keys()
-        raise ConfigError(
-            f"{source}: space: the joint grid of {len(keys)} grid keys has {size:,} "
-            f"combinations, over the limit of {MAX_GRID_POINTS:,} (give fewer grid values, or "
-            "search some keys with choice/uniform/loguniform/int, which Optuna samples)"
-        )
-
-
-def _check_scheduler(cfg: ExperimentConfig, source: str) -> None:
-    """A grace period the file sets must fit the trials' evaluations (the default, 2, is
-    lowered to fit). Checked on the file, not on each trial: the scheduler is built once,
-    from the file's train section."""
-    sched = cfg.search.scheduler
-    if sched.type == "none" or "grace_period" not in sched.model_fields_set:
-        return
-    evaluations = math.ceil(cfg.train.max_steps / cfg.train.eval_every)
-    if sched.grace_period > evaluations:
-        raise ConfigError(
-            f"{source}: search.scheduler.grace_period: `grace_period <= {evaluations}` must "
-            f"hold (it counts evaluations, and a trial has ceil(train.max_steps / "
-            f"train.eval_every) = ceil({cfg.train.max_steps} / {cfg.train.eval_every}) = "
-            f"{evaluations}), but got grace_period={sched.grace_period}"
-        )
-
-
-def _check_space_keys(cfg: ExperimentConfig, source: str) -> None:
-    """Every search-space key must name a real field, and every value must validate there."""
-    known = flatten(cfg.model_dump(mode="json", exclude={"space", "methods"}))
-    for key, param in cfg.space.items():
-        if is_conditional(key):
-            _check_conditional_key(cfg, key, param, source)
-            continue
-        if key not in known:
-            close = difflib.get_close_matches(key, list(known), n=3, cutoff=0.6)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ConfigError(f"{source}: space.{key}: unknown key, not a config field{hint}")
-        if not key.startswith(("method.", "train.", "budget_params")):
-            # the task is loaded and tokenised once per experiment, with the file's model and
-            # task sections: a searched model.* or task.* key would not reach the data
-            raise ConfigError(
-                f"{source}: space.{key}: only method, methods.<name>, train and budget_params "
-                "keys can be searched (the task is tokenised once, with the file's model and "
-                "task)"
-            )
-        for value in _candidate_values(param):
-            try:
-                apply_trial_params(cfg, {key: value})
-            except ValidationError as err:
-                inner = format_validation_error(err, source, ExperimentConfig)
-                raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
-
-
-def _check_conditional_key(cfg: ExperimentConfig, key: str, param: Any, source: str) -> None:
-    parts = key.split(".", 2)
-    known = method_config_classes()
-    if len(parts) != 3 or parts[1] not in known:
-        raise ConfigError(
-            f"{source}: space.{key}: conditional keys are methods.<method>.<knob> with a "
-            f"method among {sorted(known)}"
-        )
-    _, name, knob = parts
-    fields = known[name].model_fields
-    if knob not in fields or knob == "name":
-        close = difflib.get_close_matches(knob, list(fields), n=3, cutoff=0.6)
-        hint = f"; did you mean {', '.join(f'methods.{name}.{c}' for c in close)}?" if close else ""
-        raise ConfigError(f"{source}: space.{key}: {name} has no knob {knob!r}{hint}")
-    if isinstance(param, GridParam):
-        raise ConfigError(
-            f"{source}: space.{key}: a conditional knob cannot be part of the joint grid "
-            "(it is inactive in trials of other methods); use choice"
-        )
-    for value in _candidate_values(param):
-        try:
-            apply_trial_params(cfg, {"method.name": name, key: value})
-        except ValidationError as err:
-            inner = format_validation_error(err, source, ExperimentConfig)
-            raise ConfigError(f"{inner} [from space.{key}={value!r}]") from None
-
-
-def _candidate_values(param: SpaceParam) -> list[Any]:
-    if isinstance(param, GridParam):
-        return param.grid
-    if isinstance(param, ChoiceParam):
-        return param.choice
-    if isinstance(param, UniformParam):
-        return list(param.uniform)
-    if isinstance(param, LogUniformParam):
-        return list(param.loguniform)
-    return [param.int[0], param.int[1]]
 
 
 def apply_trial_params(cfg: ExperimentConfig, params: dict[str, Any]) -> ExperimentConfig:
@@ -1034,11 +697,6 @@ def apply_trial_params(cfg: ExperimentConfig, params: dict[str, Any]) -> Experim
     return ExperimentConfig.model_validate(data)
 
 
-def is_conditional(space_key: str) -> bool:
-    """``methods.X.knob``: a knob searched only in trials that choose method ``X``."""
-    return space_key.startswith("methods.")
-
-
 def experiment_json_schema() -> dict[str, Any]:
     """JSON schema of an experiment file (editors complete and check the YAML with it)."""
     schema = ExperimentConfig.model_json_schema(mode="validation")
@@ -1047,25 +705,6 @@ def experiment_json_schema() -> dict[str, Any]:
     # the name defaults to the file's stem when the file leaves it out
     schema["required"] = [k for k in schema.get("required", []) if k != "name"]
     return schema
-
-
-# ----------------------------------------------------------------------------- checks beyond
-# the schema that look at this machine (the CLI runs them before anything starts)
-
-
-def space_candidates(cfg: ExperimentConfig, max_int_values: int = 64) -> dict[str, list[Any]]:
-    """Values of each searched key worth resolving before a search: every grid/choice value,
-    every value of a short int range (else its ends), the ends of uniform/loguniform."""
-    out: dict[str, list[Any]] = {}
-    for key, param in cfg.space.items():
-        if isinstance(param, IntParam):
-            low, high = param.int
-            count = (high - low) // param.step + 1
-            values = range(low, high + 1, param.step)
-            out[key] = list(values) if count <= max_int_values else [low, values[-1]]
-        else:
-            out[key] = list(dict.fromkeys(_candidate_values(param)))
-    return out
 
 
 # ----------------------------------------------------------------------------- a trial's

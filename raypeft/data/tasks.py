@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from raypeft.config.schema import ExperimentConfig, TaskConfig, space_candidates
+from raypeft.config.schema import ExperimentConfig, TaskConfig
 from raypeft.errors import ConfigError
 
 if TYPE_CHECKING:  # annotations only: datasets loads on use (see load_splits)
@@ -388,8 +388,8 @@ def _column(ds: datasets.Dataset, name: str) -> list:
 def check_batch_fits(cfg: ExperimentConfig, train_examples: int) -> None:
     """Every trial needs at least one full global batch of training examples (the largest
     ``train.batch_size`` the space can sample, when it searches the batch size)."""
-    searched = space_candidates(cfg).get("train.batch_size", [])
-    largest = max([cfg.train.batch_size, *(v for v in searched if isinstance(v, int))])
+    searched = cfg.space.get("train.batch_size")
+    largest = searched.largest() if searched else cfg.train.batch_size
     if largest > train_examples:
         raise ConfigError(
             f"train.batch_size: `batch_size <= {train_examples}` (the training examples) must "

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from raypeft.config.messages import format_validation_error
-from raypeft.config.schema import ExperimentConfig, apply_trial_params, space_candidates
+from raypeft.config.schema import ExperimentConfig, apply_trial_params
 from raypeft.errors import ConfigError
 from raypeft.methods.base import MethodConfig
 from raypeft.modeling.packed import packable
@@ -74,7 +74,7 @@ def _settings(cfg: ExperimentConfig, source: str) -> Iterator[tuple[str, MethodC
 def _trial_params(cfg: ExperimentConfig) -> list[dict[str, Any]]:
     """Every combination of the searched keys' values, or, when there are too many, each
     key's values with the file's others."""
-    candidates = space_candidates(cfg)
+    candidates = cfg.space_candidates()
     if math.prod(len(v) for v in candidates.values()) <= MAX_COMBINATIONS:
         return [
             dict(zip(candidates, combo, strict=True))

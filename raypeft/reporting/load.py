@@ -19,7 +19,7 @@ from typing import Any
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
-from raypeft.config.schema import SPACE_KINDS
+from raypeft.config.space import SPACE_KINDS
 from raypeft.errors import ConfigError
 from raypeft.tracking.runs import (
     find_experiment,

@@ -11,7 +11,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from raypeft.config.schema import SPACE_KINDS
+from raypeft.config.space import SPACE_KINDS
 from raypeft.reporting.drawing import PALETTE, Figures, Skip, _metric_label, _mpl
 from raypeft.reporting.load import Search, _number
 

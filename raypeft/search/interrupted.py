@@ -15,8 +15,9 @@ from pathlib import Path
 from mlflow.entities import Run
 from mlflow.tracking import MlflowClient
 
+from raypeft.config.dotted import flatten
 from raypeft.config.redact import redact_params
-from raypeft.config.schema import ExperimentConfig, flatten
+from raypeft.config.schema import ExperimentConfig
 from raypeft.errors import ConfigError
 from raypeft.tracking.callback import param_text  # the value exactly as it was logged
 from raypeft.tracking.runs import parent_runs

@@ -31,6 +31,7 @@ from ray.tune import ResultGrid
 from raypeft.config.redact import redact_uri
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask, prepare_task
+from raypeft.data.tasks import check_batch_fits
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.modeling.backbones import backbone_dims, frozen_backbone, load_config
@@ -231,7 +232,7 @@ def prepare(cfg: ExperimentConfig, opts: SearchOptions) -> Prepared:
         f"Preparing task {cfg.task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ..."
     )
     data = prepare_task(cfg.task, cfg.model)
-    check_batch_fits(cfg, data)
+    check_batch_fits(cfg, data.size("train"))
     objectives = resolve_objectives(cfg, data.spec.metrics)
     constraints = resolve_constraints(cfg, data.spec.metrics)
     config = load_config(cfg.model, data.num_labels, data.spec.problem)
@@ -269,30 +270,6 @@ def _find_interrupted(
         raise ConfigError(f"--resume: {exc}") from None
     client = tracking_client(uri)  # the search records through it (see open_records)
     return client, find_interrupted_search(client, cfg, source)
-
-
-def check_batch_fits(cfg: ExperimentConfig, data: TokenizedTask) -> None:
-    """Every trial needs at least one full global batch of training examples (the largest
-    ``train.batch_size`` the space can sample, when it searches the batch size)."""
-    sizes = [cfg.train.batch_size]
-    param = cfg.space.get("train.batch_size")
-    if param is not None:
-        sizes += [v for v in _discrete_values(param) if isinstance(v, int)]
-    examples = data.size("train")
-    if max(sizes) > examples:
-        raise ConfigError(
-            f"train.batch_size: `batch_size <= {examples}` (the training examples) must hold, "
-            f"but got {max(sizes)}"
-        )
-
-
-def _discrete_values(param) -> list:
-    dumped = param.model_dump()
-    if "grid" in dumped or "choice" in dumped:
-        return list(dumped.get("grid") or dumped.get("choice"))
-    if "int" in dumped:
-        return [dumped["int"][1]]  # the largest
-    return []
 
 
 def precompute_features(cfg: ExperimentConfig, data: TokenizedTask, say=print) -> None:

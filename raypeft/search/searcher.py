@@ -14,16 +14,17 @@ proposal is answered from that trial (:meth:`StudySearcher.suggest`).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
-import pickle
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
-from raypeft.config.schema import EFFICIENCY_METRICS, ChoiceParam, ExperimentConfig, GridParam
+from raypeft.config.schema import EFFICIENCY_METRICS, ExperimentConfig
 from raypeft.search.objectives import Constraints, ResolvedObjective
 from raypeft.search.study import (
     ANSWERED_FROM_ATTR,
@@ -50,7 +51,7 @@ def discrete_space(cfg: ExperimentConfig) -> bool:
     """Whether a configuration alone decides its trial's result: every searched key takes
     listed values (grid or choice) and every trial trains with the same seed. Then a
     configuration run once need not be trained again."""
-    categorical = all(isinstance(p, (GridParam, ChoiceParam)) for p in cfg.space.values())
+    categorical = all(p.listed() is not None for p in cfg.space.values())
     return categorical and (cfg.search.trial_seed == "fixed" or "train.seed" in cfg.space)
 
 
@@ -196,14 +197,29 @@ class StudySearcher(Searcher):
         self._answer_waiting()  # repeats of this configuration proposed while it trained
 
     def save(self, checkpoint_path: str) -> None:
-        """Tune's snapshot of the searcher (``--resume`` restores it): its whole state, the
-        study handle and the sampler's random state included (as Ray's own searchers do)."""
-        with open(checkpoint_path, "wb") as file:
-            pickle.dump(self.__dict__, file)
+        """Tune's snapshot of the searcher, as JSON: which Optuna trial each Tune trial is,
+        which ends the study holds, which repeats wait for their original. Everything else
+        is in the study itself (Tune pickles the searcher as it was built, with the study's
+        name and storage, into its experiment state)."""
+        state = {
+            "trials": self.trials,
+            "told": sorted(self.told),
+            "waiting": self.waiting,
+            "driver": self.driver,
+        }
+        Path(checkpoint_path).write_text(json.dumps(state))
 
     def restore(self, checkpoint_path: str) -> None:
-        with open(checkpoint_path, "rb") as file:
-            self.__dict__.update(pickle.load(file))
+        """The state :meth:`save` wrote. The sampler, as Tune unpickles it, holds the random
+        state of the search's start: reseeded, it does not propose the first trials' points
+        again."""
+        state = json.loads(Path(checkpoint_path).read_text())
+        self.trials = {k: int(v) for k, v in state["trials"].items()}
+        self.told = set(state["told"])
+        self.waiting = [(int(r), int(o)) for r, o in state["waiting"]]
+        self.driver = state["driver"]
+        self.handles = {}
+        self.study.sampler.reseed_rng()
 
     # ------------------------------------------------------------------ a paused trial
 

@@ -1,6 +1,7 @@
 """Compile the experiment's ``space`` section into an Optuna define-by-run function.
 
-Ray Tune's ``OptunaSearch`` calls the function once per trial with an Optuna trial. Keys with
+raypeft's searcher (:mod:`raypeft.search.searcher`) calls the function once per trial with an
+Optuna trial. Keys with
 ``grid`` values form a joint grid: every combination is enqueued first (``points_to_evaluate``),
 and Optuna samples the remaining keys of those trials. Derived knobs (DePT's rank at a fixed
 budget) are computed from the sampled ones, never sampled, and returned as constants under
@@ -15,34 +16,11 @@ from typing import Any
 import optuna
 from pydantic import ValidationError
 
-from raypeft.config.schema import (
-    DERIVED_PREFIX,
-    ChoiceParam,
-    ExperimentConfig,
-    GridParam,
-    IntParam,
-    LogUniformParam,
-    SpaceParam,
-    UniformParam,
-    apply_trial_params,
+from raypeft.config.schema import DERIVED_PREFIX, ExperimentConfig, apply_trial_params
+from raypeft.config.space import (
     is_conditional,
 )
 from raypeft.methods import BackboneDims, MethodConfig
-
-
-def suggest(trial: optuna.Trial, key: str, param: SpaceParam) -> Any:
-    """Ask Optuna for one value of ``key``."""
-    if isinstance(param, GridParam):
-        return trial.suggest_categorical(key, param.grid)
-    if isinstance(param, ChoiceParam):
-        return trial.suggest_categorical(key, param.choice)
-    if isinstance(param, UniformParam):
-        return trial.suggest_float(key, *param.uniform)
-    if isinstance(param, LogUniformParam):
-        return trial.suggest_float(key, *param.loguniform, log=True)
-    if isinstance(param, IntParam):
-        return trial.suggest_int(key, *param.int, step=param.step)
-    raise TypeError(f"unknown space entry for {key}: {param!r}")
 
 
 def derived_values(cfg: ExperimentConfig, dims: BackboneDims) -> dict[str, Any]:
@@ -54,7 +32,7 @@ def derived_values(cfg: ExperimentConfig, dims: BackboneDims) -> dict[str, Any]:
 
 
 class DefineByRun:
-    """The function OptunaSearch samples a trial's hyperparameters with.
+    """The function the searcher samples a trial's hyperparameters with.
 
     A class rather than a closure: Tune pickles the searcher (with this) when it saves the
     experiment state for resuming.
@@ -66,12 +44,12 @@ class DefineByRun:
 
     def __call__(self, trial: optuna.Trial) -> dict[str, Any]:
         space = self.cfg.space
-        params = {k: suggest(trial, k, p) for k, p in space.items() if not is_conditional(k)}
+        params = {k: p.suggest(trial, k) for k, p in space.items() if not is_conditional(k)}
         chosen = params.get("method.name", self.cfg.method.name)
         for key, param in space.items():
             # `methods.X.knob` is sampled only in trials that chose method X
             if is_conditional(key) and key.split(".")[1] == chosen:
-                params[key] = suggest(trial, key, param)
+                params[key] = param.suggest(trial, key)
         fixed = {}
         if self.cfg.search.trial_seed == "per_trial" and "train.seed" not in space:
             # a seed of its own per trial, reproducible from the Optuna trial number
@@ -92,10 +70,7 @@ def candidate_methods(cfg: ExperimentConfig, limit: int = 4096) -> list[MethodCo
     """
 
     def categorical(key: str) -> list[Any] | None:
-        param = cfg.space[key]
-        if isinstance(param, GridParam):
-            return param.grid
-        return param.choice if isinstance(param, ChoiceParam) else None
+        return cfg.space[key].listed()
 
     names = categorical("method.name") if "method.name" in cfg.space else [None]
     methods = [cfg.method]

@@ -21,7 +21,8 @@ import psutil
 from optuna.trial import TrialState
 
 from raypeft.config.redact import redact_uri
-from raypeft.config.schema import ExperimentConfig, GridParam, is_conditional
+from raypeft.config.schema import ExperimentConfig
+from raypeft.config.space import is_conditional
 from raypeft.errors import ConfigError
 from raypeft.search.objectives import ResolvedObjective
 from raypeft.tracking.stores import store_lock
@@ -63,9 +64,7 @@ def build_sampler(cfg: ExperimentConfig, earlier_trials: int = 0) -> optuna.samp
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        grid = {
-            key: (p.grid if isinstance(p, GridParam) else p.choice) for key, p in cfg.space.items()
-        }
+        grid = {key: p.listed() for key, p in cfg.space.items()}
         return _GridSampler(grid, seed=seed)
     if name == "cmaes":
         # CMA-ES models the numeric keys jointly; categorical ones are sampled by TPE

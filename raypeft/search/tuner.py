@@ -25,7 +25,7 @@ from ray.tune.schedulers import (
 )
 from ray.tune.search import ConcurrencyLimiter, Searcher
 
-from raypeft.config.schema import ExperimentConfig, space_candidates
+from raypeft.config.schema import ExperimentConfig
 from raypeft.methods import BackboneDims
 from raypeft.search.interrupts import TuneSignals, raise_if_interrupted
 from raypeft.search.objectives import (
@@ -88,17 +88,6 @@ def optuna_searcher(
     return ConcurrencyLimiter(search, max_concurrent=max_concurrent(cfg))
 
 
-def most_evaluations(cfg: ExperimentConfig) -> int:
-    """The most evaluations a trial of this search makes (one Tune iteration each; the
-    schedulers' ``max_t``): the longest ``train.max_steps`` over the shortest
-    ``train.eval_every`` the space can give. A shorter trial ends at its own length, which it
-    reports (:data:`~raypeft.training.result_keys.TRIAL_STEPS_KEY`)."""
-    candidates = space_candidates(cfg)
-    longest = max(candidates.get("train.max_steps", [cfg.train.max_steps]))
-    most_often = min(candidates.get("train.eval_every", [cfg.train.eval_every]))
-    return math.ceil(longest / most_often)
-
-
 def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
     """The trial scheduler ``search.scheduler`` names (none, median, asha, hyperband), on
     ``search.scheduler.metric`` where set (else ``metric``, the searcher's)."""
@@ -106,7 +95,7 @@ def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
     if sched.type == "none":
         return FIFOScheduler()
     metric, mode = scheduler_target(cfg, metric, mode)
-    max_t = most_evaluations(cfg)
+    max_t = cfg.most_evaluations()
     grace = min(sched.grace_period, max_t)
     if sched.type == "median":
         return MedianStoppingRule(

@@ -22,14 +22,9 @@ from ray.train import Checkpoint
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
+from raypeft.config.dotted import flatten
 from raypeft.config.redact import redact_config, redact_params, redact_uri
-from raypeft.config.schema import (
-    EFFICIENCY_METRICS,
-    REPEAT_OF,
-    ExperimentConfig,
-    flatten,
-    trial_config,
-)
+from raypeft.config.schema import EFFICIENCY_METRICS, REPEAT_OF, ExperimentConfig, trial_config
 from raypeft.methods import BackboneDims
 from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS, reopen_run
 from raypeft.tracking.tags import (

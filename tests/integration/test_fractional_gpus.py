@@ -35,7 +35,7 @@ import sys
 
 import ray
 
-from raypeft.config.schema import load_experiment
+from raypeft.config.loading import load_experiment
 from raypeft.search.run import run_experiment
 
 # one GPU declared to Ray for scheduling only: this machine has none

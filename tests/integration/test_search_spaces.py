@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from raypeft.config.schema import load_experiment
+from raypeft.config.loading import load_experiment
 from tests.helpers import children, run_cli
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,8 @@ import ray
 import yaml
 from ray.autoscaler._private.util import prepare_config, validate_config
 
-from raypeft.config.schema import RunConfig, load_experiment
+from raypeft.config.loading import load_experiment
+from raypeft.config.schema import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
 AWS = REPO / "cluster" / "aws.yaml"

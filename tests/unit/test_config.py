@@ -8,16 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from raypeft.config.schema import (
-    ChoiceParam,
-    ExperimentConfig,
-    GridParam,
-    IntParam,
-    LogUniformParam,
-    UniformParam,
-    apply_trial_params,
-    load_experiment,
-)
+from raypeft.config.loading import load_experiment
+from raypeft.config.schema import ExperimentConfig, apply_trial_params
+from raypeft.config.space import ChoiceParam, GridParam, IntParam, LogUniformParam, UniformParam
 from raypeft.errors import ConfigError
 from raypeft.methods.dept import DePTConfig
 from raypeft.methods.prompt_tuning import PromptTuningConfig
@@ -426,13 +419,12 @@ def _shipped_yaml_files() -> list[Path]:
 
 def _trial_variants(cfg: ExperimentConfig) -> list[dict]:
     """Every grid point, and each non-grid candidate (choices, range ends) on the first point."""
-    from raypeft.config.schema import _candidate_values
 
     points = cfg.grid_points() or [{}]  # a space without grid keys: the file's own values
     variants = list(points)
     for key, param in cfg.space.items():
         if not isinstance(param, GridParam):
-            variants += [dict(points[0], **{key: v}) for v in _candidate_values(param)]
+            variants += [dict(points[0], **{key: v}) for v in param.candidates()]
     return variants
 
 

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from raypeft.config.schema import ExperimentConfig, ModelConfig, load_experiment
+from raypeft.config.loading import load_experiment
+from raypeft.config.schema import ExperimentConfig, ModelConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
 from raypeft.errors import ConfigError

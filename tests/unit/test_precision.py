@@ -6,12 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from raypeft.config.schema import (
-    ExperimentConfig,
-    ModelConfig,
-    TrainConfig,
-    validate_experiment,
-)
+from raypeft.config.loading import validate_experiment
+from raypeft.config.schema import ExperimentConfig, ModelConfig, TrainConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask
 from raypeft.errors import ConfigError

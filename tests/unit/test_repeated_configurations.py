@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, MedianStoppingRule
 from ray.tune.search import Searcher
 
-from raypeft.config.schema import validate_experiment
+from raypeft.config.loading import validate_experiment
 from raypeft.errors import ConfigError
 from raypeft.search.objectives import Constraints, ResolvedObjective, resolve_objectives
 from raypeft.search.searcher import StudySearcher, discrete_space

@@ -5,7 +5,8 @@ from __future__ import annotations
 import optuna
 from ray.tune.search import Searcher
 
-from raypeft.config.schema import trial_config, validate_experiment
+from raypeft.config.loading import validate_experiment
+from raypeft.config.schema import trial_config
 from raypeft.methods import BackboneDims
 from raypeft.search.progress import ProgressPrinter
 from raypeft.search.repeats import FixedConfigs, group_repeats, repeat_configs, top_trials

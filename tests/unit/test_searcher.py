@@ -12,7 +12,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from raypeft.config.schema import Bound, validate_experiment
+from raypeft.config.loading import validate_experiment
+from raypeft.config.schema import Bound
 from raypeft.errors import ConfigError
 from raypeft.search.objectives import (
     Constraints,
@@ -313,11 +314,9 @@ def test_a_trial_shorter_by_its_own_searched_length_is_complete_not_pruned(tmp_p
 
 
 def test_the_schedulers_horizon_is_the_longest_trial_the_space_gives():
-    from raypeft.search.tuner import most_evaluations
-
-    assert most_evaluations(experiment()) == 3  # BASE: 30 steps, evaluated every 10
+    assert experiment().most_evaluations() == 3  # BASE: 30 steps, evaluated every 10
     space = {"train.max_steps": {"choice": [20, 60]}, "train.eval_every": {"grid": [10, 5]}}
-    assert most_evaluations(experiment(space=space)) == 12
+    assert experiment(space=space).most_evaluations() == 12
 
 
 def test_a_trial_stopped_on_another_metric_is_complete_with_its_checkpoints_value(tmp_path):

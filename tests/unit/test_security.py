@@ -353,7 +353,8 @@ def test_redact_params_hides_secret_keys_and_uri_values():
 
 
 def test_redact_config_is_recursive_and_keeps_the_config_valid():
-    from raypeft.config.schema import ExperimentConfig, load_experiment
+    from raypeft.config.loading import load_experiment
+    from raypeft.config.schema import ExperimentConfig
 
     cfg = load_experiment(ROOT / "search_spaces" / "dept.yaml", [])
     data = cfg.model_dump(mode="json")
@@ -371,7 +372,8 @@ def test_redact_config_is_recursive_and_keeps_the_config_valid():
 @pytest.mark.parametrize("space", sorted(p.name for p in (ROOT / "search_spaces").glob("*.yaml")))
 def test_raypeft_search_spaces_are_not_redacted(space):
     """No false positives: every param and the config of the shipped search spaces as is."""
-    from raypeft.config.schema import flatten, load_experiment
+    from raypeft.config.dotted import flatten
+    from raypeft.config.loading import load_experiment
 
     cfg = load_experiment(ROOT / "search_spaces" / space, [])
     params = flatten(cfg.model_dump(mode="json", exclude={"space"}))
