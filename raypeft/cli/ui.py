@@ -27,7 +27,7 @@ import click
 from raypeft.cli.options import TRACKING_URI, fail, quiet_libraries
 from raypeft.config.redact import redact_uri
 from raypeft.errors import ConfigError
-from raypeft.tracking.stores import check_store
+from raypeft.tracking.stores import check_store, sqlite_file
 
 if TYPE_CHECKING:
     from mlflow.entities import Experiment
@@ -223,10 +223,10 @@ def _check_before_starting(
 def _server_command(uri: str, host: str, port: int, workers: int) -> list[str]:
     """``mlflow server`` on the store, serving its artefacts."""
     command_line = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
-    if uri.startswith("sqlite:///"):
+    store = sqlite_file(uri)
+    if store is not None:
         # experiments created from the UI keep their artefacts beside the store, as tune does
-        store_dir = Path(uri[len("sqlite:///") :]).resolve().parent
-        command_line += ["--default-artifact-root", str(store_dir / "mlruns")]
+        command_line += ["--default-artifact-root", str(store.parent / "mlruns")]
     return command_line + ["--host", host, "--port", str(port), "--workers", str(workers)]
 
 

@@ -25,7 +25,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import is_conditional
 from raypeft.errors import ConfigError
 from raypeft.search.objectives import ResolvedObjective
-from raypeft.tracking.stores import store_lock
+from raypeft.tracking.stores import sqlite_file, store_lock
 
 METRICS_ATTR = "raypeft.metrics"  # user attribute: the trial's last reported metrics
 TUNE_TRIAL_ATTR = "raypeft.tune_trial_id"
@@ -95,9 +95,9 @@ def directions(modes: list[str]) -> list[str]:
 
 def default_storage(tracking_uri: str) -> str:
     """``optuna.db`` beside a local sqlite MLflow store; else in the working directory."""
-    if tracking_uri.startswith("sqlite:///"):
-        folder = Path(tracking_uri[len("sqlite:///") :]).expanduser().resolve().parent
-        return f"sqlite:///{folder / 'optuna.db'}"
+    store = sqlite_file(tracking_uri)
+    if store is not None:
+        return f"sqlite:///{store.parent / 'optuna.db'}"
     return f"sqlite:///{Path('optuna.db').resolve()}"
 
 

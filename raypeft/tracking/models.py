@@ -36,7 +36,7 @@ from typing import Any
 
 import mlflow.pyfunc
 import pandas as pd
-from mlflow.entities import LoggedModel, LoggedModelOutput, LoggedModelStatus, Metric
+from mlflow.entities import LoggedModel, LoggedModelOutput, Metric
 from mlflow.models import Model, ModelSignature
 from mlflow.tracking import MlflowClient
 from mlflow.types.schema import (
@@ -242,14 +242,3 @@ def _link_metrics(client: MlflowClient, run_id: str, model_id: str, step: int) -
                 )
     for i in range(0, len(linked), 1000):
         client.log_batch(run_id, metrics=linked[i : i + 1000])
-
-
-def find_pyfunc_model(client: MlflowClient, experiment_id: str, run_id: str) -> LoggedModel | None:
-    """The newest ready raypeft pyfunc model logged from ``run_id`` (None if none)."""
-    found = client.search_logged_models(
-        experiment_ids=[experiment_id],
-        filter_string=f"source_run_id = '{run_id}' AND name = '{PYFUNC_NAME}'",
-        order_by=[{"field_name": "creation_timestamp", "ascending": False}],
-    )
-    ready = [m for m in found if m.status == LoggedModelStatus.READY]
-    return ready[0] if ready else None

@@ -117,12 +117,10 @@ def _check_sql_driver(url: str, key: str) -> None:
 
 
 def _check_sqlite_folder(url: str, key: str) -> None:
-    if not url.startswith("sqlite:///"):
+    path = sqlite_file(url)
+    if path is None:
         return
-    db = url[len("sqlite:///") :].split("?", 1)[0]
-    if not db or db == ":memory:":
-        return
-    folder = Path(db).expanduser().parent
+    folder = path.parent
     if not folder.is_dir():
         raise ConfigError(
             f"{key}: {redact_uri(url)}: the folder {folder} does not exist; the sqlite file's "
@@ -171,16 +169,16 @@ def check_tracking_store(uri: str, shown_as: str, timeout_s: int = 10) -> None:
                     f"({type(exc).__name__}{': ' + reason if reason else ''}); start it or "
                     "fix --tracking-uri / tracking.uri"
                 ) from None
-    elif uri.startswith("sqlite:///"):
-        folder = Path(uri[len("sqlite:///") :]).parent
+    elif (path := sqlite_file(uri)) is not None:
+        folder = path.parent
         if not folder.is_dir():
             raise ConfigError(f"tracking.uri {shown_as}: folder {folder} does not exist")
 
 
 def check_store(uri: str) -> None:
     """A local sqlite store must exist: reading must never create an empty one."""
-    if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///") :])
+    path = sqlite_file(uri)
+    if path is not None:
         if not path.is_file():
             raise ConfigError(
                 f"{path}: no MLflow store here (run a search first, or give --tracking-uri)"
@@ -292,7 +290,8 @@ def _short_reason(exc: BaseException) -> str:
 
 
 class TrackingClient:
-    """An ``MlflowClient`` for a search: every call fails fast (:data:`FAIL_FAST`), and a call
+    """An ``MlflowClient`` for a search: every call fails fast (:data:`FAIL_FAST`, set for the
+    search's process by :func:`tracking_client`), and a call
     that fails while the store does not answer a probe either raises :class:`TrackingLost`;
     from then on every call raises it at once, so nothing more is attempted on the store
     (the parent run stays RUNNING: ``--resume`` takes it up). Errors of a store that does
@@ -321,16 +320,14 @@ class TrackingClient:
         def call(*args, **kwargs):
             if self._lost is not None:
                 raise TrackingLost(self._lost.uri, self._lost.reason)
-            user_set = {k for k in FAIL_FAST if k in os.environ}
-            with _mlflow_env({k: v for k, v in FAIL_FAST.items() if k not in user_set}):
-                try:
-                    return attr(*args, **kwargs)
-                except Exception as exc:
-                    lost = self._probe()
-                    if lost is None:
-                        raise
-                    self._lost = lost
-                    raise TrackingLost(lost.uri, lost.reason) from exc
+            try:
+                return attr(*args, **kwargs)
+            except Exception as exc:
+                lost = self._probe()
+                if lost is None:
+                    raise
+                self._lost = lost
+                raise TrackingLost(lost.uri, lost.reason) from exc
 
         return call
 
@@ -349,9 +346,13 @@ class TrackingClient:
 def tracking_client(uri: str) -> TrackingClient:
     """The MLflow client a search records through (see :class:`TrackingClient`). A local
     sqlite store is created here, once, under :func:`store_lock`: MLflow creates a store's
-    tables when a client first opens it, and caches the store for the process."""
+    tables when a client first opens it, and caches the store for the process. MLflow reads
+    its HTTP settings from the environment at every request: :data:`FAIL_FAST`'s are set
+    here, once, for the rest of the process (where the user set none)."""
     from mlflow.tracking import MlflowClient  # why: MLflow is imported where it is used
 
+    for key, value in FAIL_FAST.items():  # once, for the search's process; the user's kept
+        os.environ.setdefault(key, value)
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
     return TrackingClient(client, uri)

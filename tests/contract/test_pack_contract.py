@@ -27,7 +27,8 @@ from raypeft.modeling.backbones import backbone_dims, load_config
 from raypeft.modeling.packed import PackEntry, packable
 from raypeft.training.datasets import split_dataset
 from raypeft.training.loop import train
-from raypeft.training.pack import MemberSpec, Pack, train_pack
+from raypeft.training.pack import MemberSpec, Pack
+from tests.pack_driver import train_pack
 
 BACKBONES = ["tiny-bert", "tiny-t5", "tiny-gpt2", "tiny-llama"]
 MAX_LENGTH = 16

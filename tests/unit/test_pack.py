@@ -26,7 +26,7 @@ from raypeft.methods.prompt_tuning import PromptTuningConfig
 from raypeft.modeling.packed import PackShape, packable
 from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE
 from raypeft.training.loop import train
-from raypeft.training.pack import MemberSpec, Pack, evaluate_members, train_pack
+from raypeft.training.pack import MemberSpec, Pack, evaluate_members
 from raypeft.training.result_keys import (
     FAILURE_KEY,
     PACK_ID_KEY,
@@ -34,6 +34,7 @@ from raypeft.training.result_keys import (
     PACK_SIZE_KEY,
 )
 from raypeft.training.resume import RESUME_DIR
+from tests.pack_driver import train_pack
 
 S = 16
 NOT_COMPARED = ("samples_per_s", "memory", "wall_time", "pack_")
