@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from tabulate import tabulate
 
 from raypeft.cli.options import fail, quiet_libraries
 from raypeft.config.loading import load_experiment
@@ -108,12 +109,22 @@ def command(
     except (ConfigError, ValueError) as exc:
         fail(str(exc))
     click.echo(header)
-    width = max([len(r[1]) for r in rows] + [8])
-    click.echo(f"{'method':<8} {'settings':<{width}} {'params':>12} {'slack':>10}")
-    for name, settings, params, slack in rows:
-        if params is None:
-            click.echo(f"{name:<8} {settings:<{width}}")
-        else:
-            click.echo(f"{name:<8} {settings:<{width}} {params:>12,} {slack:>10,}")
+    table = [
+        [
+            name,
+            settings,
+            "" if params is None else f"{params:,}",
+            "" if slack is None else f"{slack:,}",
+        ]
+        for name, settings, params, slack in rows
+    ]
+    headers = ["method", "settings", "params", "slack"]
+    click.echo(
+        tabulate(table, headers, tablefmt="plain", colalign=("left", "left", "right", "right"))
+    )
     if all(params is None for _, _, params, _ in rows):
         fail("no setting of any method fits the budget")
+
+
+def _count(value: int | None) -> str:
+    return "" if value is None else f"{value:,}"

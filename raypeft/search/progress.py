@@ -15,6 +15,7 @@ from typing import Any
 
 from ray.tune import Callback
 from ray.tune.experiment import Trial
+from tabulate import tabulate
 
 from raypeft.config.schema import DERIVED_PREFIX
 from raypeft.training.result_keys import FAILURE_KEY, ran_to_end
@@ -155,7 +156,5 @@ class ProgressPrinter(Callback):
                     _fmt(result[self.metric_key]) if self.metric_key in result else "",
                 ]
             )
-        widths = [max(len(r[i]) for r in [header, *body]) for i in range(len(header))]
-        for row in [header, *body]:
-            lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        lines.append(tabulate(body, header, tablefmt="plain", disable_numparse=True))
         return "\n".join(lines)
