@@ -217,7 +217,9 @@ class PackHost:
 
     def _admit(self, request: _Join) -> None:
         key = request.spec.key
-        self._drop(key)  # the same trial again (restarted): its old incarnation is gone
+        # the same trial again (restarted): its old incarnation is gone. Silently: the
+        # registry seated this new one in that slot already, and on_leave would free it
+        self._drop(key, announce=False)
         try:
             member = self.pack.add(request.spec)
         except ValueError as exc:  # full, another backbone, a method that cannot pack
@@ -255,13 +257,16 @@ class PackHost:
                 self._held.add(key)
             self._cond.notify_all()
 
-    def _free(self, key: str) -> None:
-        """The member's slot is free (its trial may still fetch its final report)."""
+    def _free(self, key: str, announce: bool = True) -> None:
+        """The member's slot is free (its trial may still fetch its final report); with
+        ``announce``, ``on_leave`` tells the registry so."""
         self.pack.remove(key)
-        self._on_leave(key)
+        if announce:
+            self._on_leave(key)
 
-    def _drop(self, key: str) -> None:
-        """Forget the trial: out of the pack, its unfetched report and checkpoint removed."""
+    def _drop(self, key: str, announce: bool = True) -> None:
+        """Forget the trial: out of the pack, its unfetched report and checkpoint removed
+        (``announce``: see :meth:`_free`)."""
         with self._cond:
             self._serving.discard(key)
             self._held.discard(key)
@@ -270,7 +275,7 @@ class PackHost:
             folders = [self._delivered.pop(key, None), unfetched and unfetched.folder]
             self._cond.notify_all()
         if any(m.key == key for m in self.pack.members):
-            self._free(key)
+            self._free(key, announce)
         for folder in folders:
             _remove(folder)
 

@@ -230,6 +230,9 @@ def test_a_restarted_trial_replaces_its_earlier_run(host):
     host.next_report("a", timeout=60)
     host.join(MemberSpec("a", experiment(2)))  # Ray restarted the trial
     assert len(host.pack.members) == 1
+    # the registry seated the restarted trial already: replacing its earlier run must not
+    # tell it the slot is free (the next trial would then find the pack full, and train alone)
+    assert host.left == []
     assert host.next_report("a", timeout=60).metrics["step"] == 2
 
 
