@@ -106,6 +106,9 @@ class StudySearcher(Searcher):
         self.study = optuna.create_study(
             storage=storage,
             sampler=sampler,
+            # Tune's scheduler stops trials; Optuna's pruner would only be asked by
+            # trial.should_prune, which nothing calls: none, as Ray's OptunaSearch
+            pruner=optuna.pruners.NopPruner(),
             study_name=study_name,
             directions=directions([o.mode for o in objectives]),
             load_if_exists=True,
