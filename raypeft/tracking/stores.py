@@ -177,7 +177,7 @@ def check_tracking_store(uri: str, shown_as: str, timeout_s: int = 10) -> None:
 
 def check_store(uri: str) -> None:
     """A local sqlite store must exist: reading must never create an empty one."""
-    path = sqlite_file(uri)
+    path = sqlite_file(uri, absolute=False)  # shown as the user wrote it
     if path is not None:
         if not path.is_file():
             raise ConfigError(
@@ -190,15 +190,16 @@ def check_store(uri: str) -> None:
 LOCK_TIMEOUT_S = 300  # how long a search waits for another one creating the same store
 
 
-def sqlite_file(url: str) -> Path | None:
-    """The absolute path of a local sqlite database URL's file; None for anything else."""
+def sqlite_file(url: str, absolute: bool = True) -> Path | None:
+    """The path of a local sqlite database URL's file (absolute, or as the URL writes it);
+    None for anything else."""
     scheme, sep, rest = url.partition(":///")
     if not sep or scheme.split("+", 1)[0].lower() != "sqlite":
         return None
     db = rest.split("?", 1)[0]
     if not db or db == ":memory:":
         return None
-    return Path(db).expanduser().resolve()
+    return Path(db).expanduser().resolve() if absolute else Path(db)
 
 
 @contextmanager
@@ -291,7 +292,7 @@ def _short_reason(exc: BaseException) -> str:
 
 class TrackingClient:
     """An ``MlflowClient`` for a search: every call fails fast (:data:`FAIL_FAST`, set for the
-    search's process by :func:`tracking_client`), and a call
+    search's process when the client is made), and a call
     that fails while the store does not answer a probe either raises :class:`TrackingLost`;
     from then on every call raises it at once, so nothing more is attempted on the store
     (the parent run stays RUNNING: ``--resume`` takes it up). Errors of a store that does
@@ -301,6 +302,10 @@ class TrackingClient:
     """
 
     def __init__(self, client, uri: str):
+        # MLflow reads its HTTP settings from the environment at every request: the search's
+        # process fails fast from here on (where the user set none), not per call
+        for key, value in FAIL_FAST.items():
+            os.environ.setdefault(key, value)
         self._client = client
         self._uri = uri
         self._lost: TrackingLost | None = None
@@ -346,13 +351,9 @@ class TrackingClient:
 def tracking_client(uri: str) -> TrackingClient:
     """The MLflow client a search records through (see :class:`TrackingClient`). A local
     sqlite store is created here, once, under :func:`store_lock`: MLflow creates a store's
-    tables when a client first opens it, and caches the store for the process. MLflow reads
-    its HTTP settings from the environment at every request: :data:`FAIL_FAST`'s are set
-    here, once, for the rest of the process (where the user set none)."""
+    tables when a client first opens it, and caches the store for the process."""
     from mlflow.tracking import MlflowClient  # why: MLflow is imported where it is used
 
-    for key, value in FAIL_FAST.items():  # once, for the search's process; the user's kept
-        os.environ.setdefault(key, value)
     with store_lock(uri):
         client = MlflowClient(tracking_uri=uri)
     return TrackingClient(client, uri)
