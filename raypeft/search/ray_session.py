@@ -53,9 +53,6 @@ def init_ray(address: str | None, quiet: bool = False) -> None:
     if address:
         ray.init(address=address, log_to_driver=False, logging_level=level)
     else:
-        # Ray >= 2.59 turns token authentication on for a new local cluster and warns that it
-        # did while RAY_AUTH_MODE is unset; raypeft wants it on: say so, and Ray says nothing
-        os.environ.setdefault("RAY_AUTH_MODE", "token")
         with _loopback_node():  # one machine's Ray: nothing listens beyond loopback
             ray.init(
                 # "local": always a fresh instance, never a cluster `ray start` left running

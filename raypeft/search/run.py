@@ -258,6 +258,10 @@ def _quiet_loggers() -> None:
     # Tune's own lines on Ctrl-C name `Tuner.restore(...)` and "Trials did not complete":
     # raypeft prints the line a user can act on (`raypeft tune ... --resume`) instead
     logging.getLogger("ray.tune.tune").setLevel(logging.CRITICAL)
+    # Ray >= 2.59 warns at every local start that it turned token authentication on, which
+    # raypeft wants on (docs/security.md). (RAY_AUTH_MODE=token would silence it too, but
+    # then Ray creates no token for a new machine and its GCS server fails to start.)
+    logging.getLogger("ray._private.authentication").setLevel(logging.ERROR)
 
 
 def _find_interrupted(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,7 +266,9 @@ def plan_study(
         directions=directions(modes),
         load_if_exists=True,
     )
-    study.set_metric_names([o.name for o in objectives])
+    with warnings.catch_warnings():  # experimental since Optuna 3.2, and still so in 5.0
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.set_metric_names([o.name for o in objectives])
     grid = [] if cfg.search.sampler == "grid" else cfg.grid_points()
     return StudyPlan(url, storage, name, remaining_grid_points(grid, finished), len(finished))
 
