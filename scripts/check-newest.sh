@@ -37,7 +37,8 @@ for package in torch transformers peft tokenizers accelerate datasets ray mlflow
   printf '  %-13s %-10s %s\n' "$package" "${got:-absent}" \
     "$([ "$got" = "$pinned" ] && echo "(= pin)" || echo "(pin ${pinned:-none})")"
 done
-newer=$(comm -13 <(grep '==' constraints.txt | LC_ALL=C sort -f) <(grep "==" "$venv/got.txt" | grep -v "^raypeft==") || true)
+newer=$(LC_ALL=C comm -13 <(grep '==' constraints.txt | LC_ALL=C sort) \
+  <(grep "==" "$venv/got.txt" | grep -v "^raypeft==" | LC_ALL=C sort) || true)
 echo "  every package that differs from constraints.txt: ${newer:-none}" | sed '2,$s/^/    /'
 
 echo "== unit and contract suites on the newest set"
