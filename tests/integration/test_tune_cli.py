@@ -8,6 +8,7 @@ metrics and the trained artefacts.
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from safetensors.torch import load_file
 
-from tests.helpers import children, run_cli, tiny_experiment
+from tests.helpers import RAYPEFT, children, cli_env, run_cli, tiny_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -66,9 +67,23 @@ def check_search_logged(tmp_path: Path, expected_trials: int) -> tuple[MlflowCli
 
 
 def test_tune_in_process_trials_logged_to_mlflow(tmp_path):
+    """As README's first command runs on a new machine: Ray's default authentication (token
+    auth on, no token yet: Ray makes one) and no warning about it."""
     path = tiny_experiment(tmp_path)
-    proc = run_cli(["tune", "--space", str(path)], cwd=tmp_path)
+    home = tmp_path / "home"  # no ~/.ray/auth_token yet
+    home.mkdir()
+    env = {k: v for k, v in cli_env().items() if k != "RAY_AUTH_MODE"} | {"HOME": str(home)}
+    proc = subprocess.run(
+        [RAYPEFT, "tune", "--space", str(path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (home / ".ray" / "auth_token").is_file()  # token authentication was on
+    assert "Token authentication" not in proc.stdout + proc.stderr
     assert "Best trial" in proc.stdout and "majority-class accuracy" in proc.stdout
     assert "sqlite:///mlflow.db" in proc.stdout  # MLflow's default store, in the cwd
     _, _, kids = check_search_logged(tmp_path, expected_trials=3)
