@@ -125,8 +125,8 @@ class ProgressPrinter(Callback):
     def table(self, trials: list[Trial]) -> str:
         """Trials in flight first, then the best finished ones, at most ``show_rows``."""
         counts: dict[str, int] = {}
-        for trial in trials:
-            counts[self.status(trial)] = counts.get(self.status(trial), 0) + 1
+        for status in map(self.status, trials):
+            counts[status] = counts.get(status, 0) + 1
         sign = 1 if self.mode == "max" else -1
         in_flight = [t for t in trials if self._in_flight(t)]
         scored = [t for t in trials if self._finished(t) and self._score(t) is not None]

@@ -113,6 +113,7 @@ class StudySearcher(Searcher):
             directions=directions([o.mode for o in objectives]),
             load_if_exists=True,
         )
+        self.study_id = storage.get_study_id_from_name(study_name)  # asked once, not per trial
         self.objectives = objectives
         self.constraints = constraints
         self.parent_run_id = parent_run_id
@@ -249,8 +250,7 @@ class StudySearcher(Searcher):
             system_attrs=paused.system_attrs,
             intermediate_values=paused.intermediate_values,
         )
-        study_id = self.storage.get_study_id_from_name(self.study.study_name)
-        new_id = self.storage.create_new_trial(study_id, template_trial=template)
+        new_id = self.storage.create_new_trial(self.study_id, template_trial=template)
         self.trials[trial_id] = self.storage.get_trial_number_from_id(new_id)
 
     # ------------------------------------------------------------------ repeats
@@ -369,13 +369,13 @@ class StudySearcher(Searcher):
         """Trial ``number`` as an object that reports and sets attributes: the one asked for,
         or (a trial taken up after a pause) one made from its storage id once."""
         if number not in self.handles:
-            trial_id = storage_id(self.storage, self.study.study_name, number)
+            trial_id = storage_id(self.storage, self.study_id, number)
             self.handles[number] = optuna.trial.Trial(self.study, trial_id)
         return self.handles[number]
 
     def _frozen(self, number: int) -> optuna.trial.FrozenTrial:
         """Trial ``number`` as the storage holds it now."""
-        return self.storage.get_trial(storage_id(self.storage, self.study.study_name, number))
+        return self.storage.get_trial(storage_id(self.storage, self.study_id, number))
 
     def _told(self, trial_id: str) -> bool:
         """Whether the study already holds the trial's end: a search whose driver died after

@@ -57,8 +57,8 @@ def build_sampler(cfg: ExperimentConfig, earlier_trials: int = 0) -> optuna.samp
     study draws new configurations, not its first search's again, and is still reproducible.
 
     Constraints reach TPE and NSGA-II through each trial's ``set_constraint`` values
-    (Optuna 5), set by :class:`PruningAwareSearch`; the other samplers ignore them, but the
-    best trial still has to meet them.
+    (Optuna 5), set by :class:`~raypeft.search.searcher.StudySearcher`; the other samplers
+    ignore them, but the best trial still has to meet them.
     """
     seed = cfg.search.seed + earlier_trials
     name = cfg.search.sampler
@@ -130,6 +130,7 @@ def prepare_study(
     """
     try:
         study = optuna.load_study(study_name=study_name, storage=storage)
+        study_id = storage.get_study_id_from_name(study_name)
     except KeyError:
         return []  # a new study
     wanted = [
@@ -150,17 +151,16 @@ def prepare_study(
         if trial.state in (TrialState.RUNNING, TrialState.WAITING):
             if not resuming and not _of_live_search(trial, searches):
                 storage.set_trial_state_values(
-                    storage_id(storage, study_name, trial.number), TrialState.FAIL
+                    storage_id(storage, study_id, trial.number), TrialState.FAIL
                 )
         elif trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
             finished.append(dict(trial.params))
     return finished
 
 
-def storage_id(storage: optuna.storages.BaseStorage, study_name: str, number: int) -> int:
-    """The storage's id of trial ``number`` of study ``study_name`` (what the storage's
+def storage_id(storage: optuna.storages.BaseStorage, study_id: int, number: int) -> int:
+    """The storage's id of trial ``number`` of study ``study_id`` (what the storage's
     methods take; a FrozenTrial knows it only privately)."""
-    study_id = storage.get_study_id_from_name(study_name)
     return storage.get_trial_id_from_study_id_trial_number(study_id, number)
 
 
@@ -208,16 +208,17 @@ def fail_orphans(
     After a resumed search, they were asked for just before the driver died, after Tune's last
     snapshot of the experiment, so no Tune trial will ever finish them. When a search pauses
     (``interrupted_by``: the signal's name), they are the interrupted trials: ``--resume``
-    takes each up again (:meth:`PruningAwareSearch.take_up_interrupted`).
+    takes each up again (:meth:`~raypeft.search.searcher.StudySearcher.take_up_interrupted`).
     """
     study = optuna.load_study(study_name=study_name, storage=storage)
+    study_id = storage.get_study_id_from_name(study_name)
     orphans = [
         t
         for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
     ]
     for trial in orphans:
-        trial_id = storage_id(storage, study_name, trial.number)
+        trial_id = storage_id(storage, study_id, trial.number)
         storage.set_trial_user_attr(trial_id, ERROR_ATTR, reason)
         if interrupted_by:
             storage.set_trial_user_attr(trial_id, INTERRUPTED_ATTR, interrupted_by)

@@ -97,9 +97,16 @@ def train(
             val = evaluate(model, val_set, task.spec.metrics, cfg.train.eval_batch_size, device)
             train_loss = mean_over_workers(float(np.mean(losses)), world_size)
             metrics = evaluation_result(
-                val, train_loss, loop, target, sampler.per_epoch, meter, model, precision
+                val,
+                train_loss,
+                loop,
+                target,
+                sampler.per_epoch,
+                meter,
+                model,
+                precision,
+                cfg.train.max_steps,
             )
-            metrics[TRIAL_STEPS_KEY] = cfg.train.max_steps  # its own length, maybe searched
             losses = []
             with checkpoint_folder(rank) as folder:
                 if folder is not None:
@@ -117,6 +124,7 @@ def evaluation_result(
     meter: TrialMeter,
     model: PromptedModel,
     precision: str,
+    max_steps: int,
 ) -> dict:
     """What a trial reports after an evaluation (``val``: its validation metrics), the best
     evaluation kept in ``loop`` first. Shared by :func:`train` and the members of a pack
@@ -127,6 +135,7 @@ def evaluation_result(
     metrics["epoch"] = (loop.step - 1) // per_epoch
     metrics.update(meter.metrics(loop, val, model))
     metrics[PRECISION_KEY] = precision
+    metrics[TRIAL_STEPS_KEY] = max_steps  # the trial's own length (train.max_steps may be searched)
     if loop.resumed_from is not None:
         metrics[RESUMED_KEY] = loop.resumed_from
     return metrics

@@ -59,7 +59,6 @@ from raypeft.training.result_keys import (
     PACK_ID_KEY,
     PACK_PADDING_KEY,
     PACK_SIZE_KEY,
-    TRIAL_STEPS_KEY,
 )
 from raypeft.training.resume import LoopState
 from raypeft.training.sampler import GlobalBatchSampler, training_batches
@@ -306,9 +305,16 @@ class Pack:
         for m, val in zip(members, vals, strict=True):
             loss, per_epoch = float(np.mean(m.losses)), m.sampler.per_epoch
             metrics = evaluation_result(
-                val, loss, m.loop, m.target, per_epoch, m.meter, m.model, m.precision
+                val,
+                loss,
+                m.loop,
+                m.target,
+                per_epoch,
+                m.meter,
+                m.model,
+                m.precision,
+                m.spec.cfg.train.max_steps,
             )
-            metrics[TRIAL_STEPS_KEY] = m.spec.cfg.train.max_steps  # as a trial alone reports
             results[m.key] = {**metrics, **pack}
             m.losses, m.evaluated_at = [], m.loop.step
         return results
