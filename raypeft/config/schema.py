@@ -28,7 +28,14 @@ from raypeft.config.method_configs import (
     method_config_classes,
     on_method_registered,
 )
-from raypeft.config.space import SPACE_KINDS, SpaceParam, StrictModel, is_conditional
+from raypeft.config.space import (
+    SEED_KEY,
+    SPACE_KINDS,
+    SpaceParam,
+    StrictModel,
+    configuration_key,
+    is_conditional,
+)
 
 
 class ModelConfig(StrictModel):
@@ -248,6 +255,13 @@ class SearchConfig(StrictModel):
         "keys), cmaes (numeric keys), nsga2 (multi-objective)",
     )
     seed: int = Field(0, description="seed of the sampler")
+    seeds: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="train every configuration once per seed, each its own trial with its own "
+        "train.seed (a grid of seeds: sampler grid only); the trials of one configuration share "
+        "the raypeft.configuration tag in MLflow and user attribute in Optuna",
+    )
     trial_seed: Literal["fixed", "per_trial"] = Field(
         "fixed",
         description="fixed: every trial trains with train.seed (paired comparison); per_trial: "
@@ -268,6 +282,13 @@ class SearchConfig(StrictModel):
         "the same study continues its history",
     )
     scheduler: SchedulerConfig = SchedulerConfig()
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int] | None) -> list[int] | None:
+        if seeds is not None and len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds repeat a seed: {seeds}")
+        return seeds
 
     @model_validator(mode="after")
     def _consistent(self) -> SearchConfig:
@@ -521,6 +542,26 @@ class ExperimentConfig(StrictModel):
                 data = {**data, "method": {**method, "budget_params": data["budget_params"]}}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _seeds_join_the_space(cls, data: Any) -> Any:
+        # search.seeds is the grid `train.seed: {grid: seeds}`: every configuration once per
+        # seed. Written back into the space, so everything that reads the space sees it.
+        search = data.get("search") if isinstance(data, dict) else None
+        seeds = search.get("seeds") if isinstance(search, dict) else None
+        if not isinstance(seeds, list):
+            return data
+        space = dict(data.get("space") or {})
+        given = space.get(SEED_KEY)
+        if given is None:
+            space[SEED_KEY] = {"grid": list(seeds)}
+        elif not (isinstance(given, dict) and given.get("grid") == seeds):
+            raise ValueError(
+                f"search.seeds: the seeds are given twice, as search.seeds and as space."
+                f"{SEED_KEY}; keep one"
+            )
+        return {**data, "space": space}
+
     @field_validator("methods")
     @classmethod
     def _known_methods(cls, methods: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -586,6 +627,11 @@ class ExperimentConfig(StrictModel):
     @model_validator(mode="after")
     def _sampler_fits_space(self) -> ExperimentConfig:
         sampler = self.search.sampler
+        if self.search.seeds is not None and sampler != "grid":
+            raise ValueError(
+                f"search.seeds: every configuration runs once per seed, which needs "
+                f"sampler: grid, but got sampler: {sampler}"
+            )
         if sampler == "grid":
             for key, param in self.space.items():
                 if param.listed() is None:
@@ -638,6 +684,10 @@ class ExperimentConfig(StrictModel):
                 "but the trials run on CPUs; use bf16 or auto there"
             )
         return self
+
+    def configuration_of(self, trial_config: dict[str, Any]) -> str:
+        """The :func:`configuration_key` of a trial's config (its searched keys only)."""
+        return configuration_key({k: v for k, v in trial_config.items() if k in self.space})
 
     def grid_keys(self) -> list[str]:
         return [k for k, p in self.space.items() if p.joint]

@@ -24,6 +24,7 @@ from pydantic import (
 
 # A searched key `methods.X.knob` is sampled only in trials that choose method X.
 CONDITIONAL_PREFIX = "methods."
+SEED_KEY = "train.seed"  # the key search.seeds grids over
 
 
 class StrictModel(BaseModel):
@@ -176,3 +177,10 @@ SpaceParam = Annotated[
 def is_conditional(space_key: str) -> bool:
     """``methods.X.knob``: a knob searched only in trials that choose method ``X``."""
     return space_key.startswith(CONDITIONAL_PREFIX)
+
+
+def configuration_key(params: dict[str, Any]) -> str:
+    """What a trial trains apart from its seed: its searched values, ``key=value`` sorted by
+    key and joined by ", ", ``train.seed`` left out. Trials with equal keys are seeds of one
+    configuration (the ``raypeft.configuration`` tag in MLflow and user attribute in Optuna)."""
+    return ", ".join(f"{k}={params[k]}" for k in sorted(params) if k != SEED_KEY)

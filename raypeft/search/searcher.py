@@ -25,9 +25,11 @@ from optuna.trial import TrialState
 from ray.tune.search import Searcher
 
 from raypeft.config.schema import EFFICIENCY_METRICS, ExperimentConfig
+from raypeft.config.space import configuration_key
 from raypeft.search.objectives import Constraints, ResolvedObjective
 from raypeft.search.study import (
     ANSWERED_FROM_ATTR,
+    CONFIGURATION_ATTR,
     DRIVER_ATTR,
     ERROR_ATTR,
     INTERRUPTED_ATTR,
@@ -349,6 +351,7 @@ class StudySearcher(Searcher):
     def _claim(self, trial_id: str, trial: optuna.trial.Trial, config: dict) -> dict:
         """``trial`` is Tune trial ``trial_id``'s: noted both ways, its config returned."""
         trial.set_user_attr(TUNE_TRIAL_ATTR, trial_id)
+        trial.set_user_attr(CONFIGURATION_ATTR, configuration_key(trial.params))
         self.trials[trial_id] = trial.number
         return config
 

@@ -40,6 +40,8 @@ RESUMED_FROM_ATTR = "raypeft.resumed_from_trial"
 # In a discrete space, a proposal of a configuration the study already holds is not trained
 # again: it is answered from that trial (its number, under this attribute).
 ANSWERED_FROM_ATTR = "raypeft.answered_from_trial"
+# The trial's configuration apart from its seed (ExperimentConfig.configuration_of).
+CONFIGURATION_ATTR = "raypeft.configuration"
 # A trial the scheduler stopped on a metric other than the objective is COMPLETE with the
 # objective value its kept checkpoint holds; this attribute names the step it stopped at.
 STOPPED_EARLY_ATTR = "raypeft.stopped_early_at_step"

@@ -30,6 +30,7 @@ from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS, reopen_
 from raypeft.tracking.tags import (
     BEST_RUN_TAG,
     BEST_TRIAL_TAG,
+    CONFIGURATION_TAG,
     ERROR_TAG,
     INTERRUPTED_TAG,
     METHOD_TAG,
@@ -298,6 +299,7 @@ class MLflowTrialCallback(Callback):
             TRIAL_ID_TAG: trial.trial_id,
             ROLE_TAG: ROLE_REPEAT if repeat_of else ROLE_TRIAL,
             METHOD_TAG: cfg.method.name,
+            CONFIGURATION_TAG: self.base.configuration_of(trial.config),
         }
         if repeat_of:  # a top configuration trained again with another seed
             tags[REPEAT_OF_TAG] = repeat_of

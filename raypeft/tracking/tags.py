@@ -38,6 +38,9 @@ RESUMED_AFTER_TAG = "raypeft.resumed_after"
 # ----------------------------------------------------------------------------- trial runs
 TRIAL_ID_TAG = "raypeft.trial_id"  # Ray Tune's trial id
 REPEAT_OF_TAG = "raypeft.repeat_of"  # a repeat: the trial id it re-trains
+# what the trial trains apart from its seed (ExperimentConfig.configuration_of): the trials of
+# one configuration under search.seeds share it (MLflow's "group by" in the runs table)
+CONFIGURATION_TAG = "raypeft.configuration"
 ERROR_TAG = "raypeft.error"  # why the trial failed (one line, credentials redacted)
 STOPPED_EARLY_TAG = "raypeft.stopped_early"  # "true" when the scheduler stopped the trial
 RESTARTS_TAG = "raypeft.restarts"  # how often Ray restarted the trial after a failure
