@@ -10,7 +10,6 @@ import torch
 from torch.utils.data import DataLoader
 
 from raypeft.config.schema import EFFICIENCY_METRICS, ExperimentConfig, Objective
-from raypeft.data import TokenizedTask
 from raypeft.data.metrics import METRIC_MODE, compute_metrics
 from raypeft.modeling.prompted import PromptedModel
 from raypeft.training.datasets import ArrayDataset, to_device
@@ -70,12 +69,11 @@ class TargetMetric:
     mode: str  # "max" or "min"
 
     @classmethod
-    def of(cls, cfg: ExperimentConfig, task: TokenizedTask) -> TargetMetric:
+    def of(cls, cfg: ExperimentConfig, primary: str) -> TargetMetric:
         """The first objective an evaluation measures (``search.metric``, or the first such
-        of ``search.objectives``; default: the task's primary metric), in its direction.
+        of ``search.objectives``; default: the task's ``primary`` metric), in its direction.
         Where every objective is an efficiency figure (throughput, parameters), which no
         evaluation can improve, the task's primary metric keeps the checkpoint."""
-        primary = task.spec.primary_metric
         objectives = cfg.search.objective_list(primary)
         measured = [o for o in objectives if o.metric not in EFFICIENCY_METRICS]
         chosen = measured[0] if measured else Objective(metric=primary)

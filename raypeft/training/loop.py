@@ -78,7 +78,7 @@ def train(
     trained = wrap_model(model) if wrap_model else model
     train_set, val_set = split_dataset(task, cfg, "train"), split_dataset(task, cfg, "validation")
     sampler, loader = training_batches(train_set, cfg.train, rank, world_size)
-    target = TargetMetric.of(cfg, task)
+    target = TargetMetric.of(cfg, task.spec.primary_metric)
 
     losses: list[float] = []  # training losses since the last evaluation
     trained.train()

@@ -245,8 +245,9 @@ class Pack:
         sampler, loader = training_batches(train_set, cfg.train)
         batches = batches_from(loop, sampler, loader, cfg.train.max_steps)
         slot = self.slots.index(None)
+        target = TargetMetric.of(cfg, task.spec.primary_metric)
         member = Member(
-            spec, slot, learner, loop, sampler, batches, val_set, TargetMetric.of(cfg, task),
+            spec, slot, learner, loop, sampler, batches, val_set, target,
             meter, precision, evaluated_at=loop.step,
         )  # fmt: skip
         model.train()

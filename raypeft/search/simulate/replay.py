@@ -1,0 +1,212 @@
+"""Replay a search against a learning-curve table on a simulated clock.
+
+The replay builds the objects ``raypeft tune`` builds (the Optuna searcher over the study,
+behind Ray's ``ConcurrencyLimiter``, and the trial scheduler, from the same functions) and
+drives them through the hooks Ray Tune's controller calls, in the order it calls them
+(``ray.tune.execution.tune_controller``: the scheduler judges a result first, the searcher
+hears it only if the trial goes on, and both hear a trial's end), as syne-tune's simulator
+does. Trials do not train: each reports, at the wall time the table recorded for it, the
+values one recorded seed of its configuration reached, through the library's own
+``evaluation_metrics``. Nothing of ASHA, HyperBand or TPE is re-implemented here.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import optuna
+from ray.tune.experiment import Trial
+from ray.tune.schedulers import TrialScheduler
+from ray.tune.search import Searcher
+
+from raypeft.config.dotted import flatten
+from raypeft.config.schema import ExperimentConfig
+from raypeft.config.space import SEED_KEY, configuration_key
+from raypeft.search.objectives import Constraints, resolve_objectives, stops_on_objective
+from raypeft.search.outcome import choose_best
+from raypeft.search.results import TrialResult
+from raypeft.search.simulate.table import Curve, CurveTable
+from raypeft.search.study import StudyPlan
+from raypeft.search.tuner import optuna_searcher, scheduler
+from raypeft.training.evaluation import TargetMetric, best_record, evaluation_metrics
+from raypeft.training.result_keys import TRIAL_STEPS_KEY
+
+
+@dataclass
+class ReplayedTrial:
+    """A trial of a replay: its configuration, the recorded curve it reports, how far it got."""
+
+    trial: Trial
+    curve: Curve
+    started_s: float
+    best: dict[str, float] = field(default_factory=dict)
+    reported: int = 0  # evaluations reported so far
+    last: dict[str, Any] = field(default_factory=dict)  # its last result
+
+
+@dataclass
+class Replay:
+    """What one replayed search did: its trials in the order they ended, and its choice."""
+
+    trials: list[TrialResult]  # every trial that reported, in the order they ended
+    ended_s: list[float]  # simulated seconds at which each of them ended
+    chosen: TrialResult | None
+    wall_s: float  # simulated seconds from the first trial's start to the last one's end
+
+    def trial_steps(self) -> int:
+        """Training steps summed over the replay's trials (the compute it spent)."""
+        return sum(int(t.metrics.get("step", 0)) for t in self.trials)
+
+
+class SimulatedController:
+    """What Tune's schedulers may ask their controller: the trials and the live ones."""
+
+    def __init__(self) -> None:
+        self.trials: list[Trial] = []
+
+    def get_trials(self) -> list[Trial]:
+        return list(self.trials)
+
+    def get_live_trials(self) -> list[Trial]:
+        return [t for t in self.trials if t.status in (Trial.PENDING, Trial.RUNNING)]
+
+
+def replay_search(
+    cfg: ExperimentConfig, table: CurveTable, draws: dict[str, Curve], concurrency: int
+) -> Replay:
+    """Run the search ``cfg`` describes against ``table``: each configuration reports the
+    curve ``draws`` holds for it (one recorded seed), at most ``concurrency`` at a time."""
+    objectives = resolve_objectives(cfg, (table.metric,))
+    constraints = Constraints(cfg.search.constraints)
+    study = StudyPlan(
+        storage_url="memory",
+        storage=optuna.storages.InMemoryStorage(),
+        study_name=cfg.name,
+        points=[] if cfg.search.sampler == "grid" else cfg.grid_points(),
+        finished_before=0,
+    )
+    limited = optuna_searcher(cfg, table.backbone, objectives, constraints, study, "replay")
+    trial_scheduler = scheduler(cfg, objectives[0].result_key, objectives[0].mode)
+    loop = ReplayLoop(cfg, table, draws, limited, trial_scheduler, concurrency)
+    loop.run()
+    pruned = stops_on_objective(cfg, objectives[0])
+    chosen, _ = choose_best(loop.ended, objectives[0], constraints, stopped_are_pruned=pruned)
+    return Replay(loop.ended, loop.ended_s, chosen, loop.clock)
+
+
+class ReplayLoop:
+    """The event loop: trials start while slots are free, and report in simulated time."""
+
+    def __init__(self, cfg, table, draws, searcher, trial_scheduler, concurrency):
+        self.cfg, self.table, self.draws = cfg, table, draws
+        self.searcher: Searcher = searcher
+        self.scheduler: TrialScheduler = trial_scheduler
+        self.concurrency = concurrency
+        self.target = TargetMetric(table.metric, table.mode)
+        # the keys the table varies that this search does not: their values, from its config
+        flat = flatten(cfg.model_dump(mode="json"))
+        self.fixed = {k: flat[k] for k in table.space() if k not in cfg.space}
+        self.controller = SimulatedController()
+        self.running: dict[str, ReplayedTrial] = {}
+        self.events: list[tuple[float, int, str]] = []  # (time, order, trial id)
+        self.created = 0
+        self.pushed = 0
+        self.finished = False  # the searcher has nothing more to propose
+        self.clock = 0.0
+        self.ended: list[TrialResult] = []
+        self.ended_s: list[float] = []
+
+    def run(self) -> None:
+        self.start_trials()
+        while self.events:
+            self.clock, _, trial_id = heapq.heappop(self.events)
+            self.report(self.running[trial_id])
+            self.start_trials()
+
+    def start_trials(self) -> None:
+        """Ask the searcher for trials while a slot is free and the search wants more."""
+        while (
+            len(self.running) < self.concurrency
+            and self.created < self.cfg.search.num_samples
+            and not self.finished
+        ):
+            trial_id = f"replay_{self.created:05d}"
+            config = self.searcher.suggest(trial_id)
+            if config is None or config == Searcher.FINISHED:
+                self.finished = config == Searcher.FINISHED or not self.running
+                return
+            self.created += 1
+            self.start(trial_id, config)
+
+    def start(self, trial_id: str, config: dict[str, Any]) -> None:
+        trial = Trial("replay", config=config, trial_id=trial_id, stub=True)
+        self.controller.trials.append(trial)
+        self.scheduler.on_trial_add(self.controller, trial)
+        trial.set_status(Trial.RUNNING)
+        replayed = ReplayedTrial(trial, self.curve_for(config), self.clock)
+        self.running[trial_id] = replayed
+        self.schedule_next(replayed)
+
+    def curve_for(self, config: dict[str, Any]) -> Curve:
+        """The recorded curve the trial reports: its own seed's where it searches seeds,
+        else the seed this replay drew for its configuration."""
+        params = {**self.fixed, **{k: v for k, v in config.items() if k in self.cfg.space}}
+        key = configuration_key(params)
+        if SEED_KEY in params:
+            return self.table.curve(key, params[SEED_KEY])
+        return self.draws[key]
+
+    def schedule_next(self, replayed: ReplayedTrial) -> None:
+        at = replayed.started_s + replayed.curve.wall_s[replayed.reported]
+        self.pushed += 1  # equal times: the earlier scheduled event first, as a queue would
+        heapq.heappush(self.events, (at, self.pushed, replayed.trial.trial_id))
+
+    def report(self, replayed: ReplayedTrial) -> None:
+        """The trial's next evaluation, told as Tune's controller tells it."""
+        result = self.result(replayed)
+        replayed.last = result
+        trial_id = replayed.trial.trial_id
+        decision = self.scheduler.on_trial_result(self.controller, replayed.trial, result)
+        if decision != TrialScheduler.STOP:
+            self.searcher.on_trial_result(trial_id, result)
+        if decision == TrialScheduler.STOP or replayed.reported == len(replayed.curve.steps):
+            self.end(replayed)
+        else:
+            self.schedule_next(replayed)
+
+    def result(self, replayed: ReplayedTrial) -> dict[str, Any]:
+        """What the trial reports at its next evaluation: what it would report training."""
+        curve, k = replayed.curve, replayed.reported
+        step = curve.steps[k]
+        val = {name.removeprefix("val_"): values[k] for name, values in curve.values.items()}
+        if self.target.improves(val, replayed.best):
+            replayed.best = best_record(val, step)
+        metrics = evaluation_metrics(self.target, val, replayed.best, float("nan"), step)
+        replayed.reported = k + 1
+        metrics.update(
+            {
+                TRIAL_STEPS_KEY: curve.steps[-1],
+                "training_iteration": k + 1,
+                "time_total_s": curve.wall_s[k],
+                "trial_id": replayed.trial.trial_id,
+            }
+        )
+        return metrics
+
+    def end(self, replayed: ReplayedTrial) -> None:
+        trial = replayed.trial
+        self.scheduler.on_trial_complete(self.controller, trial, replayed.last)
+        self.searcher.on_trial_complete(trial.trial_id, result=replayed.last)
+        trial.set_status(Trial.TERMINATED)
+        del self.running[trial.trial_id]
+        self.ended.append(TrialResult(trial.trial_id, dict(trial.config), replayed.last))
+        self.ended_s.append(self.clock)
+
+
+def draw_seeds(table: CurveTable, rng: random.Random) -> dict[str, Curve]:
+    """One recorded seed per configuration, drawn at random: a replay sees noise as a real
+    search does (a configuration's score is one draw of its distribution)."""
+    return {key: rng.choice(curves) for key, curves in table.by_configuration().items()}

@@ -1,0 +1,163 @@
+"""Many replays of one search file against one table, and what they add up to."""
+
+from __future__ import annotations
+
+import itertools
+import random
+from dataclasses import dataclass, field
+
+import optuna
+
+from raypeft.config.dotted import flatten
+from raypeft.config.loading import validate_experiment
+from raypeft.config.schema import ExperimentConfig
+from raypeft.config.space import SEED_KEY, configuration_key
+from raypeft.search.objectives import Constraints, resolve_objectives, stops_on_objective
+from raypeft.search.simulate.plan import replay_config
+from raypeft.search.simulate.replay import Replay, draw_seeds, replay_search
+from raypeft.search.simulate.scores import (
+    Quality,
+    Spread,
+    anytime,
+    choose_from,
+    chosen_configuration,
+)
+from raypeft.search.simulate.table import CurveTable
+
+GOAL_POINTS = 0.5  # issue 25: within 0.5 points of the best seed-mean ...
+GOAL_COMPUTE = 0.30  # ... at <= 0.30 of the grid's trial-steps, in the median over replays
+
+
+@dataclass(frozen=True)
+class ReplayScore:
+    """One replay, scored."""
+
+    replay: int
+    chosen: str | None  # the configuration the search chose (None: no trial finished)
+    regret: float  # points below the table's best seed-mean
+    normalised: float  # 0 best, 1 the median configuration
+    steps: float  # trial-steps, as a fraction of the full grid's
+    wall: float  # simulated wall time, as a fraction of the full grid's
+    trials: int
+    stopped: int  # trials the scheduler stopped before their end
+    curve: list[tuple[float, float]]  # anytime: (compute fraction, regret) after each trial
+
+
+@dataclass
+class Simulation:
+    """Every replay of one search against one table."""
+
+    name: str
+    cfg: ExperimentConfig  # the search as replayed
+    quality: Quality
+    concurrency: int
+    scores: list[ReplayScore] = field(default_factory=list)
+
+    def spread(self, figure: str) -> Spread:
+        """``figure`` (a ReplayScore field: regret, normalised, steps, wall) over replays."""
+        return Spread.of([getattr(s, figure) for s in self.scores])
+
+    def goal(self) -> dict[str, object]:
+        """The issue's goal, measured: median regret within the tolerance, median compute
+        at most GOAL_COMPUTE."""
+        tolerance, which = self.quality.tolerance(GOAL_POINTS)
+        regret, steps = self.spread("regret").median, self.spread("steps").median
+        return {
+            "tolerance_points": tolerance,
+            "tolerance": which,
+            "median_regret": regret,
+            "median_steps": steps,
+            "met": regret <= tolerance and steps <= GOAL_COMPUTE,
+        }
+
+
+def simulate(
+    search: ExperimentConfig,
+    table: CurveTable,
+    replays: int = 30,
+    seed: int = 0,
+    concurrency: int | None = None,
+) -> Simulation:
+    """Replay ``search`` ``replays`` times against ``table``: replay ``i`` runs the file's
+    sampler at seed ``search.seed + i`` and draws one recorded seed per configuration with
+    ``random.Random((seed, i))``; the full grid is replayed on the same draws."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per ask otherwise
+    concurrency = concurrency or search.search.max_concurrent or table.concurrency()
+    cfg = replay_config(search, table, concurrency)
+    grid = full_grid(cfg)
+    quality = Quality.of(table, configurations_of(grid, table))
+    simulation = Simulation(search.name, cfg, quality, concurrency)
+    for i in range(replays):
+        draws = draw_seeds(table, random.Random(f"{seed}/{i}"))
+        cfg_i = cfg.model_copy(
+            update={"search": cfg.search.model_copy(update={"seed": cfg.search.seed + i})}
+        )
+        replay = replay_search(cfg_i, table, draws, concurrency)
+        reference = replay_search(grid, table, draws, concurrency)
+        simulation.scores.append(score(i, cfg_i, table, quality, replay, reference))
+    return simulation
+
+
+def score(
+    i: int, cfg: ExperimentConfig, table: CurveTable, quality: Quality, replay: Replay, grid: Replay
+) -> ReplayScore:
+    """Replay ``i`` against its full grid, by the table's seed-means."""
+    fixed = fixed_values(cfg, table)
+    chosen = chosen_configuration(replay.chosen, cfg.space, fixed)
+    objective = resolve_objectives(cfg, (table.metric,))[0]
+    choose = choose_from(
+        objective, Constraints(cfg.search.constraints), stops_on_objective(cfg, objective)
+    )
+
+    def regret_of(trial) -> float:
+        return quality.regret(chosen_configuration(trial, cfg.space, fixed))
+
+    stopped = sum(not t.ran_to_end for t in replay.trials)
+    return ReplayScore(
+        replay=i,
+        chosen=chosen,
+        regret=quality.regret(chosen) if chosen else float("nan"),
+        normalised=quality.normalised(chosen) if chosen else float("nan"),
+        steps=replay.trial_steps() / grid.trial_steps(),
+        wall=replay.wall_s / grid.wall_s,
+        trials=len(replay.trials),
+        stopped=stopped,
+        curve=anytime(replay.trials, choose, regret_of, grid.trial_steps()),
+    )
+
+
+def with_sampler_seed(cfg: ExperimentConfig, seed: int) -> ExperimentConfig:
+    """``cfg`` with ``search.seed`` (the sampler's) set to ``seed``."""
+    return cfg.model_copy(update={"search": cfg.search.model_copy(update={"seed": seed})})
+
+
+def full_grid(cfg: ExperimentConfig) -> ExperimentConfig:
+    """The full grid of ``cfg``'s space: every configuration once (seeds aside), to its end."""
+    keys = [k for k in cfg.space if k != SEED_KEY]
+    values = {k: cfg.space[k].listed() for k in keys}
+    data = cfg.model_dump(mode="json")
+    data["space"] = {k: {"grid": v} for k, v in values.items()}
+    size = len(list(itertools.product(*values.values())))
+    data["search"] = {
+        "sampler": "grid",
+        "num_samples": size,
+        "max_concurrent": cfg.search.max_concurrent,
+        "scheduler": {"type": "none"},
+    }
+    return validate_experiment(data, "the full grid")
+
+
+def fixed_values(cfg: ExperimentConfig, table: CurveTable) -> dict:
+    """The values ``cfg`` gives the keys the table varies but it does not search."""
+    flat = flatten(cfg.model_dump(mode="json"))
+    return {k: flat[k] for k in table.space() if k not in cfg.space}
+
+
+def configurations_of(cfg: ExperimentConfig, table: CurveTable) -> set[str]:
+    """The configuration keys of every point of ``cfg``'s (discrete) space."""
+    keys = [k for k in cfg.space if k != SEED_KEY]
+    fixed = fixed_values(cfg, table)
+    return {
+        configuration_key({**fixed, **dict(zip(keys, combo, strict=True))})
+        for combo in itertools.product(*(cfg.space[k].listed() for k in keys))
+    }
