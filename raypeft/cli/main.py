@@ -12,7 +12,18 @@ import sys
 
 import click
 
-from raypeft.cli import budget, export, predict, report, schema, tune, ui, validate
+from raypeft.cli import (
+    budget,
+    export,
+    predict,
+    report,
+    schema,
+    simulate,
+    table,
+    tune,
+    ui,
+    validate,
+)
 from raypeft.cli.options import EXIT_USER_ERROR, error_line
 
 
@@ -49,5 +60,5 @@ def main() -> None:
     """Distributed hyperparameter search for prompt-based PEFT (Ray Tune + Optuna + MLflow)."""
 
 
-for _module in (tune, validate, schema, budget, report, ui, predict, export):
+for _module in (tune, validate, schema, budget, report, ui, predict, export, table, simulate):
     main.add_command(_module.command)

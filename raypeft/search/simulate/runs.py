@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
 import optuna
 
 from raypeft.config.dotted import flatten
@@ -21,6 +23,7 @@ from raypeft.search.simulate.scores import (
     anytime,
     choose_from,
     chosen_configuration,
+    regret_at,
 )
 from raypeft.search.simulate.table import CurveTable
 
@@ -57,6 +60,21 @@ class Simulation:
         """``figure`` (a ReplayScore field: regret, normalised, steps, wall) over replays."""
         return Spread.of([getattr(s, figure) for s in self.scores])
 
+    def anytime_band(self, points: int = 60) -> dict[str, list[float]]:
+        """The anytime curves over replays: at each compute fraction (up to the largest any
+        replay spent), the median regret and its quartiles; NaN where fewer than half the
+        replays had finished a trial."""
+        most = max((s.curve[-1][0] for s in self.scores if s.curve), default=1.0)
+        xs = [most * i / (points - 1) for i in range(points)]
+        band: dict[str, list[float]] = {"compute": xs, "median": [], "q25": [], "q75": []}
+        for x in xs:
+            reached = np.array([regret_at(s.curve, x) for s in self.scores])
+            done = reached[~np.isnan(reached)]
+            enough = len(done) * 2 >= len(reached)
+            for key, q in (("median", 50), ("q25", 25), ("q75", 75)):
+                band[key].append(float(np.percentile(done, q)) if enough else math.nan)
+        return band
+
     def goal(self) -> dict[str, object]:
         """The issue's goal, measured: median regret within the tolerance, median compute
         at most GOAL_COMPUTE."""
@@ -77,6 +95,7 @@ def simulate(
     replays: int = 30,
     seed: int = 0,
     concurrency: int | None = None,
+    label: str | None = None,
 ) -> Simulation:
     """Replay ``search`` ``replays`` times against ``table``: replay ``i`` runs the file's
     sampler at seed ``search.seed + i`` and draws one recorded seed per configuration with
@@ -86,7 +105,7 @@ def simulate(
     cfg = replay_config(search, table, concurrency)
     grid = full_grid(cfg)
     quality = Quality.of(table, configurations_of(grid, table))
-    simulation = Simulation(search.name, cfg, quality, concurrency)
+    simulation = Simulation(label or search.name, cfg, quality, concurrency)
     for i in range(replays):
         draws = draw_seeds(table, random.Random(f"{seed}/{i}"))
         cfg_i = cfg.model_copy(

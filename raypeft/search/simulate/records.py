@@ -1,0 +1,89 @@
+"""What ``raypeft simulate`` writes: a summary per search file, each replay's row, and an
+MLflow run per search file (its search settings, the summary as metrics, the folder as
+artefacts), in the experiment ``<table's experiment>-simulate``."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mlflow.tracking import MlflowClient
+
+from raypeft.config.dotted import flatten
+from raypeft.search.simulate.runs import Simulation
+from raypeft.search.simulate.table import CurveTable
+from raypeft.tracking.callback import log_params
+
+FIGURES = ("regret", "normalised", "steps", "wall")  # what each replay is scored by
+LABELS = {
+    "regret": "regret (points)",
+    "normalised": "regret (normalised)",
+    "steps": "trial-steps / grid",
+    "wall": "wall time / grid",
+}
+
+
+def summary(sim: Simulation) -> dict[str, Any]:
+    """The simulation in numbers: per figure median, IQM, their 95% intervals, quartiles."""
+    return {
+        "search": sim.name,
+        "replays": len(sim.scores),
+        "concurrency": sim.concurrency,
+        "figures": {name: dataclasses.asdict(sim.spread(name)) for name in FIGURES},
+        "goal": sim.goal(),
+        "best_configuration": sim.quality.best,
+        "best_seed_mean": sim.quality.means[sim.quality.best],
+        "configurations": len(sim.quality.means),
+        "trials_median": _median([s.trials for s in sim.scores]),
+        "stopped_median": _median([s.stopped for s in sim.scores]),
+    }
+
+
+def write_replays(sim: Simulation, out: Path) -> None:
+    """``replays.csv`` (one row per replay) and ``summary.json`` into ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "replays.csv", "w", newline="") as f:
+        fields = ["replay", "chosen", *FIGURES, "trials", "stopped"]
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        for score in sim.scores:
+            writer.writerow(dataclasses.asdict(score))
+    (out / "summary.json").write_text(json.dumps(summary(sim), indent=1) + "\n")
+
+
+def log_simulation(
+    sim: Simulation, table: CurveTable, folder: Path, tracking_uri: str
+) -> tuple[str, str]:
+    """One MLflow run for ``sim``: the replayed search section as params, the summary as
+    metrics, ``folder`` as artefacts. Returns (experiment name, run id)."""
+    client = MlflowClient(tracking_uri)
+    name = f"{table.source.get('experiment', 'table')}-simulate"
+    found = client.get_experiment_by_name(name)
+    experiment_id = found.experiment_id if found else client.create_experiment(name)
+    run = client.create_run(experiment_id, run_name=sim.name, tags={"raypeft.role": "simulation"})
+    run_id = run.info.run_id
+    params = flatten({"search": sim.cfg.search.model_dump(mode="json")})
+    params.update({f"space.{k}": v.model_dump() for k, v in sim.cfg.space.items()})
+    params.update({f"table.{k}": v for k, v in table.source.items()})
+    log_params(client, run_id, params)
+    for figure in FIGURES:
+        spread = sim.spread(figure)
+        for stat in ("median", "iqm", "q25", "q75"):
+            value = getattr(spread, stat)
+            if not math.isnan(value):
+                client.log_metric(run_id, f"{figure}_{stat}", value)
+    client.log_artifacts(run_id, str(folder))
+    client.set_terminated(run_id)
+    return name, run_id
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
