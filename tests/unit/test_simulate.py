@@ -1,0 +1,205 @@
+"""``raypeft simulate`` on synthetic learning-curve tables: the replay loop drives raypeft's
+searcher and Tune's schedulers as Tune does, the scores are what they claim, and every bad
+input is one line, exit 2, nothing created."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+from click.testing import CliRunner
+
+from raypeft.cli.main import main
+from raypeft.config.loading import validate_experiment
+from raypeft.methods import BackboneDims
+from raypeft.search.simulate import CurveTable, replay_config, simulate
+from raypeft.search.simulate.replay import draw_seeds, replay_search
+from raypeft.search.simulate.scores import Quality, Spread, regret_at
+from raypeft.search.simulate.table import Curve
+
+DIMS = BackboneDims(hidden_size=32, num_layers=2, vocab_size=100, max_length=16)
+LRS = [0.1, 0.2, 0.3, 0.4]
+LENGTHS = [2, 4, 6]
+STEPS = [10, 20, 30, 40, 50, 60]
+BASE = {
+    "name": "synthetic",
+    "model": {"name": "tiny-bert", "max_length": 16},
+    "method": {"name": "pt", "prompt_length": 4},
+    "train": {"max_steps": 60, "eval_every": 10},
+}
+
+
+def skill(lr: float, length: int) -> float:
+    """The final accuracy of a configuration: best at lr 0.3, length 4."""
+    return 0.9 - abs(lr - 0.3) - 0.02 * abs(length - 4)
+
+
+def curve(lr: float, length: int, seed: int) -> Curve:
+    """A rising curve towards the configuration's skill, shifted by its seed."""
+    top = skill(lr, length) + 0.004 * (seed - 1)
+    accuracy = [0.5 + (top - 0.5) * min(1.0, s / 40) for s in STEPS]
+    return Curve(
+        params={"method.lr": lr, "method.prompt_length": length},
+        seed=seed,
+        steps=list(STEPS),
+        values={"val_accuracy": accuracy, "val_loss": [1.5 - a for a in accuracy]},
+        wall_s=[s * (1 + 0.1 * length) for s in STEPS],
+    )
+
+
+@pytest.fixture
+def table() -> CurveTable:
+    space = {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}}
+    recorded = validate_experiment(
+        {**BASE, "space": space, "search": {"sampler": "grid", "seeds": [0, 1, 2],
+                                            "num_samples": 36}}, "recorded.yaml"
+    )  # fmt: skip
+    curves = [curve(lr, m, s) for lr in LRS for m in LENGTHS for s in (0, 1, 2)]
+    return CurveTable(
+        experiment=recorded.model_dump(mode="json"),
+        metric="accuracy",
+        mode="max",
+        dims=dataclasses.asdict(DIMS),
+        curves=curves,
+        source={"experiment": "synthetic", "concurrency": 2},
+    )
+
+
+def search(space=None, **settings):
+    space = space or {"method.lr": {"choice": LRS}, "method.prompt_length": {"choice": LENGTHS}}
+    return validate_experiment({**BASE, "space": space, "search": settings}, "search.yaml")
+
+
+def test_the_full_grid_replayed_finds_the_best_and_reports_every_recorded_value(table):
+    grid = search(
+        {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}},
+        sampler="grid",
+        num_samples=12,
+        scheduler={"type": "none"},
+    )
+    cfg = replay_config(grid, table, 2)
+    draws = draw_seeds(table, random.Random(0))
+    replay = replay_search(cfg, table, draws, 2)
+    assert len(replay.trials) == 12 and all(t.ran_to_end for t in replay.trials)
+    for trial in replay.trials:
+        key = f"method.lr={trial.config['method.lr']}, "
+        key += f"method.prompt_length={trial.config['method.prompt_length']}"
+        recorded = draws[key].values["val_accuracy"]
+        assert trial.metrics["best_val_accuracy"] == max(recorded)
+        assert trial.metrics["val_accuracy"] == recorded[-1]
+    assert replay.trial_steps() == 12 * 60
+    best = max(replay.trials, key=lambda t: t.metrics["best_val_accuracy"])
+    assert replay.chosen is best
+
+
+def test_asha_stops_trials_the_grid_would_run_and_spends_less(table):
+    tpe_asha = search(
+        num_samples=12,
+        seed=3,
+        scheduler={"type": "asha", "grace_period": 1, "reduction_factor": 3},
+    )
+    sim = simulate(tpe_asha, table, replays=5)
+    assert all(score.stopped > 0 for score in sim.scores)
+    assert all(score.steps < 1.0 for score in sim.scores)
+    for score in sim.scores:  # each replay's regret is what the table says of its choice
+        assert score.regret == pytest.approx(sim.quality.regret(score.chosen))
+        assert score.curve[-1][1] == pytest.approx(score.regret)
+
+
+def test_each_replay_draws_one_seed_per_configuration_and_differs(table):
+    first = draw_seeds(table, random.Random("0/0"))
+    assert len(first) == 12
+    assert {c.seed for c in first.values()} <= {0, 1, 2}
+    other = draw_seeds(table, random.Random("0/1"))
+    assert [c.seed for c in first.values()] != [c.seed for c in other.values()]
+
+
+def test_quality_is_the_seed_mean_and_regret_is_in_points(table):
+    quality = Quality.of(table)
+    assert quality.best == "method.lr=0.3, method.prompt_length=4"
+    assert quality.means[quality.best] == pytest.approx(0.9)
+    worst = "method.lr=0.1, method.prompt_length=2"
+    assert quality.regret(worst) == pytest.approx(100 * (0.9 - skill(0.1, 2)))
+    assert quality.normalised(quality.best) == 0.0
+    assert quality.tolerance(0.5) == (0.5, "0.5 points")
+
+
+def test_spread_and_anytime_helpers():
+    spread = Spread.of([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert spread.median == 3.0 and spread.iqm == pytest.approx(3.0)
+    assert spread.median_ci[0] <= spread.median <= spread.median_ci[1]
+    curve_points = [(0.1, 5.0), (0.4, 1.0)]
+    assert regret_at(curve_points, 0.05) != regret_at(curve_points, 0.05)  # NaN before
+    assert regret_at(curve_points, 0.2) == 5.0 and regret_at(curve_points, 1.0) == 1.0
+
+
+def test_simulate_end_to_end_writes_summary_figures_and_an_mlflow_run(table, tmp_path):
+    table.save(tmp_path / "table.json")
+    (tmp_path / "search.yaml").write_text(
+        json.dumps({**BASE, "space": {"method.lr": {"choice": LRS}},
+                    "search": {"num_samples": 4, "scheduler": {"type": "asha"}}})
+    )  # fmt: skip
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = CliRunner().invoke(
+        main,
+        ["simulate", str(tmp_path / "search.yaml"), "--table", str(tmp_path / "table.json"),
+         "--replays", "6", "--out", str(tmp_path / "out"), "--tracking-uri", uri],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "synthetic" in result.output and "regret" in result.output
+    assert "goal" in result.output
+    folder = tmp_path / "out" / "synthetic"
+    rows = (folder / "replays.csv").read_text().splitlines()
+    assert len(rows) == 1 + 6
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["replays"] == 6 and set(summary["figures"]) >= {"regret", "steps"}
+    assert (tmp_path / "out" / "anytime.png").stat().st_size > 0
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("synthetic-simulate")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert "regret_median" in run.data.metrics and "steps_median" in run.data.metrics
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"replays.csv"}
+
+
+@pytest.mark.parametrize(
+    "space, fragment",
+    [
+        ({"method.lr": {"loguniform": [0.1, 0.4]}}, "space.method.lr: a range"),
+        ({"method.lr": {"choice": [0.1, 0.7]}}, "space.method.lr: [0.7] not in the table"),
+        ({"train.head_lr": {"choice": [0.1]}}, "space.train.head_lr: the table does not vary"),
+    ],
+)
+def test_bad_search_files_are_one_line_errors_and_nothing_is_created(
+    table, tmp_path, monkeypatch, space, fragment
+):
+    table.save(tmp_path / "table.json")
+    (tmp_path / "search.yaml").write_text(json.dumps({**BASE, "space": space}))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(
+        main, ["simulate", "search.yaml", "--table", "table.json", "--replays", "2"]
+    )
+    assert result.exit_code == 2
+    assert fragment in result.output and len(result.output.strip().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["search.yaml", "table.json"]
+
+
+def test_a_fixed_value_the_table_lacks_and_a_damaged_table_are_refused(table, tmp_path):
+    table.save(tmp_path / "table.json")
+    fixed = {**BASE, "method": {"name": "pt", "prompt_length": 5},
+             "space": {"method.lr": {"choice": LRS}}}  # fmt: skip
+    (tmp_path / "search.yaml").write_text(json.dumps(fixed))
+    (tmp_path / "damaged.json").write_text('{"format": "raypeft.curves/1", "curv')
+    runner = CliRunner()
+    for table_file, fragment in [
+        ("table.json", "method.prompt_length: the file fixes it at 5"),
+        ("damaged.json", "not a learning-curve table"),
+        ("absent.json", "no such table file"),
+    ]:
+        result = runner.invoke(
+            main, ["simulate", str(tmp_path / "search.yaml"), "--table", str(tmp_path / table_file)]
+        )
+        assert result.exit_code == 2 and fragment in result.output, result.output
