@@ -95,13 +95,35 @@ def load_and_check(
     file: Path, overrides: tuple[str, ...], address: str | None
 ) -> tuple[ExperimentConfig, Checked]:
     """Load the experiment file and run the preflight pipeline on it (fails with one line)."""
-    from raypeft.preflight import run_checks  # why: transformers, datasets; keeps --help fast
-
     try:
-        cfg = load_experiment(file, list(overrides))
-        return cfg, run_checks(cfg, str(file), address=address)
+        return check_file(file, overrides, address)
     except ConfigError as exc:
         fail(str(exc))
+
+
+def check_file(
+    file: Path, overrides: tuple[str, ...], address: str | None
+) -> tuple[ExperimentConfig, Checked]:
+    """Load the experiment file and run the preflight pipeline on it (raises ConfigError)."""
+    from raypeft.preflight import run_checks  # why: transformers, datasets; keeps --help fast
+
+    cfg = load_experiment(file, list(overrides))
+    return cfg, run_checks(cfg, str(file), address=address)
+
+
+def experiment_files(
+    files: tuple[Path, ...], space_file: Path | None, most: int | None
+) -> list[Path]:
+    """The experiment files a command was given, as arguments or as ``--space FILE`` (as
+    ``tune`` always took it): at least one, at most ``most``, not both ways."""
+    given = [*files, *([space_file] if space_file else [])]
+    if files and space_file:
+        fail("give the experiment file as the argument or as --space FILE, not both")
+    if not given:
+        fail("name the experiment file: FILE (or --space FILE)")
+    if most is not None and len(given) > most:
+        fail(f"one experiment file at a time, but got {len(given)}: {' '.join(map(str, given))}")
+    return given
 
 
 def one_source(run_id: str | None, experiment: str | None, model_uri: str | None) -> None:

@@ -10,18 +10,25 @@ from pathlib import Path
 
 import click
 
-from raypeft.cli.options import OVERRIDES, TRACKING_URI, fail, load_and_check, quiet_libraries
+from raypeft.cli.options import (
+    OVERRIDES,
+    TRACKING_URI,
+    experiment_files,
+    fail,
+    load_and_check,
+    quiet_libraries,
+)
 from raypeft.config.redact import redact_uri
 from raypeft.errors import ConfigError
 
 
 @click.command("tune")
+@click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--space",
     "space_file",
-    required=True,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="experiment file (YAML), e.g. search_spaces/dept.yaml",
+    help="the experiment file, as the argument takes it (e.g. search_spaces/dept.yaml)",
 )
 @OVERRIDES
 @click.option("--address", default=None, help="Ray cluster address (default: start a local Ray)")
@@ -41,7 +48,8 @@ from raypeft.errors import ConfigError
     help="seconds between two trial tables while the search runs",
 )
 def command(
-    space_file: Path,
+    file: Path | None,
+    space_file: Path | None,
     overrides: tuple[str, ...],
     address: str | None,
     tracking_uri: str | None,
@@ -49,7 +57,8 @@ def command(
     resume: bool,
     progress_interval: float,
 ) -> None:
-    """Run the hyperparameter search an experiment file describes."""
+    """Run the hyperparameter search the experiment FILE (YAML) describes."""
+    (space_file,) = experiment_files((file,) if file else (), space_file, most=1)
     quiet_libraries()
     given = overrides
     if tracking_uri:

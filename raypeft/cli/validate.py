@@ -7,16 +7,25 @@ the search itself.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
 
-from raypeft.cli.options import OVERRIDES, fail, load_and_check, quiet_libraries
+from raypeft.cli.options import (
+    EXIT_USER_ERROR,
+    OVERRIDES,
+    check_file,
+    error_line,
+    experiment_files,
+    quiet_libraries,
+)
+from raypeft.errors import ConfigError
 from raypeft.search.resources import describe_placement
 
 
 @click.command("validate")
-@click.argument("file", required=False, type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("files", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
     "--space",
     "space_file",
@@ -31,16 +40,32 @@ from raypeft.search.resources import describe_placement
     "checked against this machine (default: they must fit it, as a local tune needs)",
 )
 def command(
-    file: Path | None, space_file: Path | None, overrides: tuple[str, ...], address: str | None
+    files: tuple[Path, ...],
+    space_file: Path | None,
+    overrides: tuple[str, ...],
+    address: str | None,
 ) -> None:
-    """Check an experiment file without running anything."""
-    if (file is None) == (space_file is None):
-        fail("name one experiment file: raypeft validate FILE (or --space FILE)")
-    file = file or space_file
+    """Check experiment FILES without running anything: one line each, `ok` or the error
+    (exit 2 when any file fails)."""
+    files = experiment_files(files, space_file, most=None)
     quiet_libraries()
-    cfg, checked = load_and_check(file, overrides, address)
+    failed = 0
+    for file in files:
+        try:
+            cfg, checked = check_file(file, overrides, address)
+        except ConfigError as exc:
+            click.echo(error_line(str(exc)), err=True)
+            failed += 1
+            continue
+        click.echo(ok_line(file, cfg, checked, address))
+    if failed:
+        sys.exit(EXIT_USER_ERROR)
+
+
+def ok_line(file: Path, cfg, checked, address: str | None) -> str:
+    """What an accepted file is: method, model, task, trials, space, where they would run."""
     grid = cfg.grid_size()
-    click.echo(
+    return (
         f"{file}: ok ({cfg.method.name} on {cfg.model.name}, task {cfg.task.name}, "
         f"{cfg.search.num_samples} trials, {len(cfg.space)} searched keys"
         + (f", joint grid of {grid} points" if grid else "")

@@ -118,3 +118,30 @@ def test_set_override_is_validated(tmp_path):
     )
     assert result.exit_code == 2
     assert "search.num_samples" in result.output
+
+
+def test_validate_takes_several_files_and_reports_each(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("name: x\ntrain: {max_stepz: 1}\n")
+    dept, pt = (str(REPO / "search_spaces" / f) for f in ("dept.yaml", "pt.yaml"))
+    result = invoke("validate", dept, str(broken), pt)
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 3 and f"{dept}: ok" in result.output and f"{pt}: ok" in result.output
+    assert f"error: {broken}: method: required key is missing" in result.output
+    assert invoke("validate", dept, pt).exit_code == 0
+
+
+def test_the_experiment_file_is_an_argument_of_tune_as_of_validate(tmp_path):
+    dept = str(REPO / "search_spaces" / "dept.yaml")
+    both = invoke("tune", dept, "--space", dept)
+    assert both.exit_code == 2
+    assert both.output.strip() == (
+        "error: give the experiment file as the argument or as --space FILE, not both"
+    )
+    none = invoke("tune")
+    assert none.exit_code == 2 and "name the experiment file" in none.output
+    # the file as an argument goes through the same checks as --space FILE
+    missing = invoke("tune", "no/such/file.yaml")
+    assert missing.exit_code == 2 and "no/such/file.yaml: file not found" in missing.output
+    assert invoke("validate", "--space", dept).exit_code == 0
