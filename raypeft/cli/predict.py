@@ -81,13 +81,16 @@ def _one_line(text: str) -> str:
     return text.replace("\r\n", " ").replace("\n", " ").replace("\r", " ")
 
 
-def format_prediction(p, output_format: str, pair: bool) -> str:
-    """One prediction as an output line (``text``: tab-separated; ``jsonl``: a JSON object)."""
+def format_prediction(p, predictor, output_format: str, pair: bool) -> str:
+    """One prediction as an output line (``text``: tab-separated; ``jsonl``: the input and
+    the served model's row for it, :func:`raypeft.serving.predict.prediction_row`)."""
     if output_format == "jsonl":
+        from raypeft.serving.predict import prediction_row  # why: torch loads with it
+
         record = {"text": p.text}
         if pair:
             record["text_pair"] = p.text_pair
-        record.update(label=p.label, score=p.score)
+        record.update(prediction_row(p, predictor))
         return json.dumps(record, ensure_ascii=False)
     score = "-" if p.score is None else f"{p.score:.4f}"
     text = p.text if not pair else f"{p.text}\t{p.text_pair}"
@@ -110,7 +113,8 @@ def format_prediction(p, output_format: str, pair: bool) -> str:
     type=click.Choice(["text", "jsonl"]),
     default="text",
     show_default=True,
-    help="text: label<TAB>probability<TAB>text; jsonl: {text, label, score}",
+    help="text: label<TAB>probability<TAB>text; jsonl: {text, label, label_id, score, "
+    "probabilities}, the served model's row with the input",
 )
 def command(
     run_id: str | None,
@@ -141,7 +145,7 @@ def command(
             predictor = _load_predictor(folder)
             start = time.perf_counter()
             batches = predictor.predict_batches(chain(first, records), batch_size=batch_size)
-            count = _write(batches, output_format, pair, source)
+            count = _write(batches, predictor, output_format, pair, source)
             elapsed = time.perf_counter() - start
     rate = count / elapsed if elapsed > 0 else float("inf")
     click.echo(
@@ -214,12 +218,14 @@ def _load_predictor(folder: Path):
         fail(f"cannot load the trained model: {first_line(exc)}")
 
 
-def _write(batches, output_format: str, pair: bool, source: str) -> int:
+def _write(batches, predictor, output_format: str, pair: bool, source: str) -> int:
     """Print each batch's predictions as they come; returns how many were printed."""
     count = 0
     try:
         for batch in batches:
-            click.echo("\n".join(format_prediction(p, output_format, pair) for p in batch))
+            click.echo(
+                "\n".join(format_prediction(p, predictor, output_format, pair) for p in batch)
+            )
             count += len(batch)
     except InputError as exc:
         fail(str(exc))

@@ -249,3 +249,16 @@ def _to_device(batch: dict, device: torch.device) -> dict:
     return {
         k: _to_device(v, device) if isinstance(v, dict) else v.to(device) for k, v in batch.items()
     }
+
+
+def prediction_row(p: Prediction, predictor: Predictor) -> dict[str, Any]:
+    """One prediction as both outputs give it (``raypeft predict --output-format jsonl`` and
+    the served pyfunc model): the label, its class id, the top score and every class's
+    probability; a regression's value."""
+    if predictor.regression:
+        return {"label": p.label, "value": p.score}
+    row: dict[str, Any] = {"label": p.label, "label_id": p.label_id}
+    if p.probabilities is not None:
+        row["score"] = p.score
+        row["probabilities"] = dict(zip(predictor.label_names, p.probabilities, strict=True))
+    return row

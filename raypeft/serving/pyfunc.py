@@ -13,7 +13,7 @@ from typing import Any
 import mlflow.pyfunc
 import pandas as pd
 
-from raypeft.serving.predict import Prediction, Predictor
+from raypeft.serving.predict import Predictor, prediction_row
 from raypeft.tracking.models import DEFAULT_BATCH_SIZE, MODEL_ARTIFACT, output_columns
 
 
@@ -64,15 +64,3 @@ def input_records(model_input: Any, text_pair: bool) -> list[tuple[str, str | No
     texts = frame["text"].tolist()
     pairs = frame["text_pair"].tolist() if text_pair else [None] * len(texts)
     return list(zip(texts, pairs, strict=True))
-
-
-def prediction_row(p: Prediction, predictor: Predictor) -> dict[str, Any]:
-    """One output row: the prediction ``raypeft predict`` prints, with its class id and every
-    class's probability."""
-    if predictor.regression:
-        return {"label": p.label, "value": p.score}
-    row: dict[str, Any] = {"label": p.label, "label_id": p.label_id}
-    if p.probabilities is not None:
-        row["score"] = p.score
-        row["probabilities"] = dict(zip(predictor.label_names, p.probabilities, strict=True))
-    return row

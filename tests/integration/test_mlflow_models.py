@@ -166,16 +166,17 @@ def invocations(base: str, body: dict) -> list[dict]:
 
 
 def check_equal_to_cli(cli: list[dict], rows: list[dict], head: bool) -> None:
-    """Served or pyfunc rows say exactly what ``raypeft predict`` printed."""
+    """Served or pyfunc rows say exactly what ``raypeft predict`` printed: one schema (the
+    CLI's rows are the served ones with the input text first), the same values bit for bit."""
     assert [r["text"] for r in cli] == TEXTS
-    assert [r["label"] for r in rows] == [r["label"] for r in cli]
-    if head:  # the predicted class's probability, bit for bit
-        assert [r["score"] for r in rows] == [r["score"] for r in cli]
+    assert [{k: v for k, v in r.items() if k != "text"} for r in cli] == rows
+    if head:  # the predicted class's probability, among every class's
         for row in rows:
+            assert set(row) == {"label", "label_id", "score", "probabilities"}
             assert row["probabilities"][row["label"]] == row["score"]
             assert row["score"] == max(row["probabilities"].values())
     else:  # seq2seq: generated text, no probability
-        assert all(r["score"] is None for r in cli) and "score" not in rows[0]
+        assert all(set(r) == {"label", "label_id"} for r in rows)
 
 
 # ----------------------------------------------------------------------------- the encoder
