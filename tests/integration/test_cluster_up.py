@@ -133,8 +133,11 @@ class Cluster:
         )
 
     def node_processes(self) -> list[psutil.Process]:
+        """The node user's live processes (zombies not yet reaped by their parent excepted)."""
         return [
-            p for p in psutil.process_iter(["uids", "cmdline"]) if p.info["uids"].real == self.uid
+            p
+            for p in psutil.process_iter(["uids", "cmdline", "status"])
+            if p.info["uids"].real == self.uid and p.info["status"] != psutil.STATUS_ZOMBIE
         ]
 
     def submit(self, *tune_args: str, wait: bool = True) -> subprocess.CompletedProcess:
