@@ -31,6 +31,7 @@ from raypeft.config.schema import RunConfig
 REPO = Path(__file__).resolve().parents[2]
 AWS = REPO / "cluster" / "aws.yaml"
 LOCAL = REPO / "cluster" / "local.yaml"
+NODE = REPO / "cluster" / "node.sh"
 DOCS = REPO / "docs" / "cluster.md"
 README = REPO / "README.md"
 FILES = {"aws": AWS, "local": LOCAL}
@@ -60,25 +61,25 @@ def all_commands(config: dict) -> list[str]:
     return [cmd for key in COMMAND_LISTS for cmd in config.get(key) or []]
 
 
-def head_ray_start(config: dict) -> tuple[int, str]:
-    starts = [
-        (i, c) for i, c in enumerate(config["head_start_ray_commands"]) if "ray start --head" in c
-    ]
-    assert len(starts) == 1, starts
-    return starts[0]
+NODE_SCRIPT = "bash ~/raypeft/cluster/node.sh"
 
 
-def mlflow_server(config: dict) -> tuple[int, str]:
-    """The one command that starts the MLflow server: in head_start_ray_commands."""
-    found = [
-        (key, cmd)
-        for key in COMMAND_LISTS
-        for cmd in config.get(key) or []
-        if "mlflow server" in cmd
-    ]
-    assert len(found) == 1, f"expected one MLflow server command, found {found}"
-    assert found[0][0] == "head_start_ray_commands", found[0][0]
-    return config["head_start_ray_commands"].index(found[0][1]), found[0][1]
+def node_script() -> str:
+    return NODE.read_text()
+
+
+def node_calls(config: dict, key: str) -> list[str]:
+    """The arguments of each cluster/node.sh call in one command list (every command is one)."""
+    commands = config.get(key) or []
+    assert all(c.startswith(NODE_SCRIPT + " ") for c in commands), commands
+    return [c[len(NODE_SCRIPT) + 1 :] for c in commands]
+
+
+def script_function(name: str) -> str:
+    """The body of one shell function of cluster/node.sh."""
+    match = re.search(rf"^{name}\(\) {{\n(.*?)^}}", node_script(), re.M | re.S)
+    assert match, name
+    return match.group(1)
 
 
 # ----------------------------------------------------------------- the autoscaler's validation
@@ -204,60 +205,72 @@ def test_docs_precreate_the_group_because_ray_opens_ssh_to_the_world_in_groups_i
 
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_nothing_binds_or_opens_every_address(name):
-    text = "\n".join(all_commands(load(FILES[name])))
+    text = "\n".join(all_commands(load(FILES[name]))) + node_script()
     assert "0.0.0.0" not in text
     assert "::/0" not in text
 
 
-@pytest.mark.parametrize("name", sorted(FILES))
-def test_ray_keeps_its_dashboard_on_loopback_and_token_auth_on(name):
-    config = load(FILES[name])
-    _, start = head_ray_start(config)
-    assert "--dashboard-host=127.0.0.1" in start
-    starts = [c for c in all_commands(config) if "ray start" in c]
-    assert len(starts) == 2
-    assert all("RAY_AUTH_MODE=token ray start" in c for c in starts), starts
-    # every later shell on a node (ray exec, ray status, job drivers) carries the mode too
-    assert any(
-        ">> ~/.bashrc" in c and "export RAY_AUTH_MODE=token" in c for c in config["setup_commands"]
+def test_both_files_run_the_same_node_commands():
+    """Only the provider, the torch build (and boto3 on the AWS head) and where MLflow's
+    artefacts go differ: tests/integration/test_cluster_up.py runs local.yaml's commands, so
+    it runs AWS's too."""
+    aws, local = load(AWS), load(LOCAL)
+    for key in ("file_mounts", "rsync_exclude", "rsync_filter", "worker_start_ray_commands"):
+        assert aws[key] == local[key], key
+    assert node_calls(local, "worker_start_ray_commands") == ["ray start"]
+    builds = {"cpu": "https://download.pytorch.org/whl/cpu"}
+    builds["cu128"] = "https://download.pytorch.org/whl/cu128"
+    assert node_calls(local, "setup_commands") == [f"setup {builds['cu128']}"]
+    assert not aws.get("setup_commands")
+    assert node_calls(aws, "head_setup_commands") == [f"setup {builds['cpu']} boto3"]
+    assert node_calls(aws, "worker_setup_commands") == [f"setup {builds['cu128']}"]
+    head = "ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml"
+    assert node_calls(aws, "head_start_ray_commands") == [
+        head,
+        "mlflow server s3://REPLACE-BUCKET/mlflow-artifacts",
+    ]
+    assert node_calls(local, "head_start_ray_commands") == [
+        head,
+        "mlflow server ~/raypeft-state/mlartifacts",
+    ]
+
+
+def test_ray_keeps_its_dashboard_on_loopback_and_token_auth_on():
+    start = script_function("ray_start")
+    assert (
+        start.index("ray stop")
+        < start.index("export RAY_AUTH_MODE=token")
+        < start.index("ray start")
     )
-    assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
+    head, worker = re.findall(r"^\s*ray start .*?[^\\]$", start, re.M | re.S)
+    assert "--dashboard-host=127.0.0.1" in head and "--node-ip-address=" in head
+    assert '--address="$RAY_HEAD_IP:$GCS_PORT"' in worker and "--node-ip-address=" in worker
+    # every later shell on a node (ray exec, ray status, job drivers) carries the mode too
+    assert "line_in_bashrc 'export RAY_AUTH_MODE=token'" in script_function("setup")
+    for config in (load(AWS), load(LOCAL)):
+        assert config["file_mounts"]["~/.ray/auth_token"] == "~/.ray/auth_token"
 
 
-@pytest.mark.parametrize("name", sorted(FILES))
-def test_mlflow_starts_after_ray_on_the_head_in_the_background(name):
-    config = load(FILES[name])
-    index, command = mlflow_server(config)
-    assert index > head_ray_start(config)[0]
-    assert "ray stop" in config["head_start_ray_commands"][0]
-    assert "nohup" in command and re.search(r"&\s*$", command, re.M), "must not block ray up"
-    assert re.search(r"--port 5000\b", command)
-    assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in command
-    assert re.search(r">>\s*\"\$STATE/mlflow.log\"", command), "logs to a file"
-    assert re.search(r'--backend-store-uri "sqlite:///\$STATE/mlflow.db"', command)
+def test_mlflow_starts_after_ray_on_the_head_in_the_background():
+    for config in (load(AWS), load(LOCAL)):
+        ray, mlflow = node_calls(config, "head_start_ray_commands")
+        assert ray.startswith("ray start --head") and mlflow.startswith("mlflow server ")
+    start, serve = script_function("mlflow_start"), script_function("mlflow_serve")
+    assert "nohup setsid" in start and re.search(r"&\s*$", start, re.M), "must not block ray up"
+    assert '>> "$STATE/mlflow.log"' in start, "logs to a file"
+    assert "/health" in start
+    assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in serve
+    assert '--backend-store-uri "sqlite:///$STATE/mlflow.db"' in serve
+    assert "MLFLOW_PORT=${RAYPEFT_MLFLOW_PORT:-5000}" in node_script()
 
 
-def _host(command: str) -> str:
-    hosts = re.findall(r"--host\s+(\S+)", command)
-    assert len(hosts) == 1, hosts
-    return hosts[0].strip("\"'")
-
-
-def test_aws_mlflow_binds_the_heads_private_address():
-    _, command = mlflow_server(load(AWS))
-    assert _host(command) == "$HEAD_IP"
-    assignment = re.search(r"^HEAD_IP=(.*)$", command, re.M).group(1)
-    assert "169.254.169.254" in command and "meta-data/local-ipv4" in assignment
-    assert "--serve-artifacts --artifacts-destination s3://" in command
-
-
-def test_local_mlflow_and_ray_bind_the_configured_head_address():
-    config = load(LOCAL)
-    head_ip = config["provider"]["head_ip"]
-    _, command = mlflow_server(config)
-    assert _host(command) == "$HEAD_IP"
-    assert re.search(r"^HEAD_IP=(.*)$", command, re.M).group(1) == head_ip
-    assert f"--node-ip-address={head_ip}" in head_ray_start(config)[1]
+def test_mlflow_binds_the_address_the_node_was_reached_at():
+    serve = script_function("mlflow_serve")
+    assert re.findall(r"--host\s+(\S+)", serve) == ['"$ip"']
+    assert 'mlflow_serve "$@"' in node_script() and 'mlflow serve "$ip"' in node_script()
+    assert "ip=$(node_ip)" in script_function("mlflow_start")
+    assert "SSH_CONNECTION" in script_function("node_ip")
+    assert '--allowed-hosts "$ip:$MLFLOW_PORT,' in serve
 
 
 # ----------------------------------------------------------------------------- node types
@@ -294,38 +307,26 @@ def test_aws_node_types():
 # ----------------------------------------------------------------------------- installs
 
 
-def _pins(text: str, package: str) -> set[str]:
-    return set(re.findall(rf'"{re.escape(package)}==([^"]+)"', text))
-
-
-@pytest.mark.parametrize("name", sorted(FILES))
-def test_installs_match_this_repository(name):
-    config = load(FILES[name])
-    commands = "\n".join(all_commands(config))
-    torch_pin = re.search(r"^torch==(\S+)", (REPO / "constraints.txt").read_text(), re.M).group(1)
-    assert _pins(commands, "torch") == {torch_pin}
-    assert _pins(commands, "ray[default,tune,train]") == {ray.__version__}, (
+def test_installs_match_this_repository():
+    setup = script_function("setup")
+    assert "grep -m1 '^torch==' \"$REPO/constraints.txt\"" in setup
+    assert f"RAY_VERSION={ray.__version__} " in node_script(), (
         "the cluster must run the Ray your laptop's `ray up` / `ray job submit` run"
     )
-    assert config["file_mounts"]["~/raypeft"] == "."
-    assert "-c ~/raypeft/constraints.txt -e ~/raypeft" in commands
-    assert "requirements-offline-assets.txt" in commands
+    assert '"ray[default,tune,train]==$RAY_VERSION"' in setup
+    assert '-c "$REPO/constraints.txt" -e "$REPO"' in setup
+    assert "requirements-offline-assets.txt" in setup
+    # torch first, then raypeft (whose torch>=2.4 is then met by the chosen build)
+    assert setup.index('"$torch" --index-url') < setup.index('-e "$REPO"')
+    for config in (load(AWS), load(LOCAL)):
+        assert config["file_mounts"]["~/raypeft"] == "."
 
 
 def test_aws_cuda_build_is_chosen_in_one_place():
-    config = load(AWS)
-    commands = all_commands(config)
+    script = [line for line in node_script().splitlines() if not line.lstrip().startswith("#")]
+    commands = all_commands(load(AWS)) + script
     cuda = [c for c in commands if "download.pytorch.org/whl/cu" in c]
-    assert len(cuda) == 1 and cuda[0] in config["worker_setup_commands"]
-    assert not any("download.pytorch.org/whl/cu" in c for c in config["head_setup_commands"])
-    assert any("download.pytorch.org/whl/cpu" in c for c in config["head_setup_commands"])
-    # torch first, then raypeft (whose torch>=2.4 is then met by the right build)
-    for key in ("head_setup_commands", "worker_setup_commands"):
-        steps = config[key]
-        torch_at = next(i for i, c in enumerate(steps) if "torch==" in c)
-        raypeft_at = next(i for i, c in enumerate(steps) if "-e ~/raypeft" in c)
-        assert torch_at < raypeft_at, key
-    assert any("boto3" in c for c in config["head_setup_commands"]), "the autoscaler needs it"
+    assert len(cuda) == 1 and cuda[0] in load(AWS)["worker_setup_commands"]
 
 
 def test_results_go_to_shared_storage_through_run_storage_path():

