@@ -138,7 +138,7 @@ def command(
     source = "stdin" if from_stdin else input_path
     jsonl = not from_stdin and input_path.lower().endswith(".jsonl")
     with tempfile.TemporaryDirectory(prefix="raypeft-predict-") as tmp:
-        folder, pair = _trained(run_id, experiment, model_uri, tracking_uri, Path(tmp))
+        folder, pair, trained_run = _trained(run_id, experiment, model_uri, tracking_uri, Path(tmp))
         with _open_input(input_path) as stream:
             records = read_records(stream, pair=pair, jsonl=jsonl, source=source)
             first = _first_batch(records, batch_size, source)  # bad input fails before the model
@@ -148,6 +148,7 @@ def command(
             count = _write(batches, predictor, output_format, pair, source)
             elapsed = time.perf_counter() - start
     rate = count / elapsed if elapsed > 0 else float("inf")
+    click.echo(f"model: {_which(run_id, experiment, model_uri)}: run {trained_run}", err=True)
     click.echo(
         f"{count} texts in {elapsed:.2f} s ({rate:.1f} texts/s; "
         f"model load {predictor.load_s:.2f} s)",
@@ -172,15 +173,25 @@ def _trained(
     model_uri: str | None,
     tracking_uri: str | None,
     dst: Path,
-) -> tuple[Path, bool]:
-    """The trained model's folder, and whether it reads text pairs."""
+) -> tuple[Path, bool, str]:
+    """The trained model's folder, whether it reads text pairs, and its run's id."""
     from raypeft.serving.predict import read_task_metadata  # why: torch, transformers
 
     try:
-        folder, _ = download_trained(run_id, experiment, tracking_uri, dst, model_uri)
-        return folder, bool(read_task_metadata(folder).get("text_pair"))
+        folder, trained_run = download_trained(run_id, experiment, tracking_uri, dst, model_uri)
+        return folder, bool(read_task_metadata(folder).get("text_pair")), trained_run
     except ConfigError as exc:
         fail(str(exc))
+
+
+def _which(run_id: str | None, experiment: str | None, model_uri: str | None) -> str:
+    """What the user's option names, said plainly (they can differ: a champion alias stays
+    on an earlier search's model unless a newer one beats it)."""
+    if model_uri:
+        return f"{model_uri} (the registered or logged model it names)"
+    if experiment:
+        return f"the best trial of experiment {experiment!r}'s newest finished search"
+    return "the given run"
 
 
 @contextlib.contextmanager

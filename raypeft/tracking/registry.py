@@ -111,6 +111,21 @@ class Registration:
             return f"{where}; alias {self.alias!r} -> version {self.version} ({self.reason})"
         return f"{where}; alias {self.alias!r} stays on version {self.previous} ({self.reason})"
 
+    def names_line(self) -> str | None:
+        """What ``predict --experiment`` and ``--model models:/NAME@ALIAS`` each name now."""
+        if self.alias is None:
+            return None
+        alias_uri = f"models:/{self.name}@{self.alias}"
+        if self.alias_moved:
+            return (
+                f"  {alias_uri} and `--experiment` (the newest search's best trial) now name "
+                "the same model"
+            )
+        return (
+            f"  {alias_uri} still names version {self.previous} (an earlier search's model); "
+            f"`--experiment` names this search's best trial (version {self.version})"
+        )
+
 
 @dataclass
 class Published:
@@ -128,6 +143,9 @@ class Published:
             out.append(f"Model: models:/{self.model_id} (python_function; mlflow models serve)")
         if self.registration is not None:
             out.append(self.registration.line())
+            names = self.registration.names_line()
+            if names:
+                out.append(names)
         if self.error:
             out.append(f"  warning: {self.error}")
         return out
