@@ -48,7 +48,7 @@ def open_lineage(
     parent = client.get_run(parent_run_id)
     if not (parent.inputs and parent.inputs.dataset_inputs):  # a resumed search has them
         log_dataset_inputs(client, parent_run_id, inputs)
-    tag_experiment(client, experiment_id, [o.name for o in objectives])
+    tag_experiment(client, experiment_id, [o.name for o in objectives], list(cfg.space))
     return inputs
 
 

@@ -23,6 +23,7 @@ from mlflow.entities import Experiment
 from mlflow.tracking import MlflowClient
 
 from raypeft.config.schema import EFFICIENCY_METRICS
+from raypeft.tracking.tags import STOPPED_EARLY_TAG
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"
@@ -39,12 +40,15 @@ VIEW_KEY = "raypeft"
 WORKFLOW_PARAM = "workflowType=machine_learning"
 
 
-def view_columns(metrics: list[str]) -> list[str]:
-    """Runs-table columns: the logged model, then each objective's best validation value
-    (parent and trials), latest validation value (trials) and test value (parent); an
+def view_columns(metrics: list[str], params: list[str] = ()) -> list[str]:
+    """Runs-table columns, as a Ray Tune user reads a trial table: whether the trial was
+    stopped early (the tag ``raypeft.stopped_early``: MLflow's status says FINISHED either
+    way), the searched ``params``, the logged model, then each objective's best validation
+    value (parent and trials), latest validation value (trials) and test value (parent); an
     efficiency objective (trainable_params, ...) as itself. (The UI's default Dataset column
     is left out: it is wide, and every run page lists its datasets.)"""
-    columns = ["attributes.`Models`"]
+    columns = [f"tags.`{STOPPED_EARLY_TAG}`", *(f"params.`{p}`" for p in params)]
+    columns.append("attributes.`Models`")
     for metric in metrics:
         if metric in EFFICIENCY_METRICS:
             columns.append(f"metrics.`{metric}`")
@@ -54,13 +58,15 @@ def view_columns(metrics: list[str]) -> list[str]:
     return columns
 
 
-def tag_experiment(client: MlflowClient, experiment_id: str, metrics: list[str]) -> None:
+def tag_experiment(
+    client: MlflowClient, experiment_id: str, metrics: list[str], params: list[str] = ()
+) -> None:
     """Mark the experiment as model training (unless it already has a kind) and store the
-    runs-table view ``raypeft ui`` opens (the objective metrics as columns)."""
+    runs-table view ``raypeft ui`` opens (searched params and objective metrics as columns)."""
     experiment = client.get_experiment(experiment_id)
     if EXPERIMENT_KIND_TAG not in experiment.tags:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
-    view = {"selectedColumns": view_columns(metrics)}
+    view = {"selectedColumns": view_columns(metrics, params)}
     client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG_PREFIX + VIEW_KEY, json.dumps(view))
 
 

@@ -186,12 +186,14 @@ def test_experiment_opens_in_the_model_training_view_with_its_metrics(tmp_path):
     assert runs_page_url("http://h:1", client.get_experiment(exp_id)) == (
         f"http://h:1/#/experiments/{exp_id}/runs?workflowType=machine_learning"
     )
-    tag_experiment(client, exp_id, ["accuracy", "train_samples_per_s"])
+    tag_experiment(client, exp_id, ["accuracy", "train_samples_per_s"], ["method.lr"])
     experiment = client.get_experiment(exp_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
     view = json.loads(experiment.tags["mlflow.sharedViewState.raypeft"])
     assert view == {
         "selectedColumns": [
+            "tags.`raypeft.stopped_early`",
+            "params.`method.lr`",
             "attributes.`Models`",
             "metrics.`best_val_accuracy`",
             "metrics.`val_accuracy`",
@@ -209,7 +211,7 @@ def test_experiment_opens_in_the_model_training_view_with_its_metrics(tmp_path):
     experiment = client.get_experiment(exp_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == "genai_development"
     assert "workflowType" not in runs_page_url("http://h:1", experiment)
-    assert view_columns(["f1"])[1:] == [
+    assert view_columns(["f1"])[2:] == [
         "metrics.`best_val_f1`",
         "metrics.`val_f1`",
         "metrics.`test_f1`",
