@@ -97,32 +97,32 @@ def build(args):
         split_dataset(task, idpg_cfg, "train"), batch_size=args.batch_size, shuffle=False
     )
     batches = [b for _, b in zip(range(args.steps + args.warmup), loader, strict=False)]
-    (name,) = idpg_cfg.method.feature_specs()
+    ((name, spec),) = idpg_cfg.method.feature_specs().items()
     info = {
         "encode_s": encode_s,
         "examples": n,
         "feature": name,
-        "model_json": idpg_cfg.model.model_dump_json(),
+        "spec": spec,
+        "model": idpg_cfg.model,
     }
     del np
     return trainees, batches, info
 
 
-def encode_on_the_fly(model_json: str, batch):
+def encode_on_the_fly(info: dict, batch: dict):
     """M(x) by an extra no-grad forward of the frozen backbone: the cost the cache removes.
 
-    The encoder is the one the driver-side computation uses (the un-prompted base model: the
-    trial's own backbone carries the prompt hooks), loaded once and kept.
+    The encoding is the driver's own (the feature's public ``compute`` on the un-prompted,
+    cached frozen backbone: the trial's own backbone carries the prompt hooks), on this batch.
     """
     import torch
 
-    from raypeft.methods.idpg.sentence_encoders import _frozen_encoder, pool
+    from raypeft.modeling.backbones import frozen_backbone
 
-    encoder, _, _ = _frozen_encoder(model_json)
     keys = ("input_ids", "attention_mask", "token_type_ids")
-    with torch.no_grad():
-        hidden = encoder(**{k: batch[k] for k in keys if k in batch}).last_hidden_state
-        return pool(hidden, batch["attention_mask"], "mean")
+    arrays = {k: batch[k].numpy() for k in keys if k in batch}
+    encoded = info["spec"].compute([], arrays, frozen_backbone(info["model"]))
+    return torch.as_tensor(encoded)
 
 
 def step(trainee, batch, kind: str, info: dict) -> None:
@@ -131,7 +131,7 @@ def step(trainee, batch, kind: str, info: dict) -> None:
     from benchmarks.common.training import training_step
 
     if kind == "on the fly":
-        fly = encode_on_the_fly(info["model_json"], batch)
+        fly = encode_on_the_fly(info, batch)
         batch = {**batch, "features": {info["feature"]: fly}}
     elif kind == "PT":
         batch = {k: v for k, v in batch.items() if k != "features"}
@@ -158,7 +158,7 @@ def main() -> None:
         trainee.model.train()
     # check once that the on-the-fly encoding is the cached one (same numbers, same path)
     first = batches[0]
-    fly = encode_on_the_fly(info["model_json"], first)
+    fly = encode_on_the_fly(info, first)
     cached = first["features"][info["feature"]]
     assert torch.allclose(fly, cached, atol=1e-4), "on-the-fly M(x) differs from the cache"
 
