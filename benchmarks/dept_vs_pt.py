@@ -11,14 +11,15 @@ counted separately). The backbone sees ``l+s = 356`` positions with PT and ``m+s
 DePT. Inputs are padded to exactly s=256 (real tweets from the packaged task by default, or
 random token ids with ``--data random``); both methods get the very same batches.
 
-1. Training step time: forward + backward + gradient clipping + AdamW step, exactly as
-   ``raypeft.training.loop.train`` does it (batch 16). Both models are built in this process; after
+1. Training step time: forward, then ``raypeft.training.optimizer.optimizer_step`` (backward,
+   gradient clipping, AdamW step, schedule), exactly as ``raypeft.training.loop.train`` takes it
+   (batch 16). Both models are built in this process; after
    ``--warmup`` steps each, the timed steps ALTERNATE between the methods step by step (and the
    order within a pair flips every round), so slow phases of a shared, noisy machine hit both
    alike. Reported: median step time per method, and the median of the per-pair ratios.
 2. Inference time per batch: a ``torch.no_grad`` forward in eval mode, interleaved the same way.
 3. Peak memory of a training step, from the kernel's high-water mark of the resident set. Each
-   method runs in a FRESH subprocess (this script with a hidden flag), so no other model or
+   method runs in a FRESH subprocess (this module with a hidden flag), so no other model or
    allocator history is in it; the subprocesses alternate PT/DePT over ``--memory-repeats``
    repeats. A subprocess reads the pre-tokenised batches from a file the parent wrote (no CSV
    parsing or tokeniser in it), loads the model and records its RSS, then resets the
@@ -39,40 +40,40 @@ random token ids with ``--data random``); both methods get the very same batches
 Part B: Ray-driven trial throughput against the bare training loop on the same work. A small
 configuration (MiniLM, s=64, PT l=20, ``max_steps=40``, ``eval_every=20``, 640 training and 200
 validation/test tweets) is trained N times (``--ray-trials``, default 4) by calling
-``raypeft.training.loop.train(cfg, task, report=lambda m, c: None)`` directly in this process, one
-after another (the "bare loop"), and through ``raypeft.search.run.run_experiment`` (Ray Tune
-+ Optuna + MLflow; ``search.num_samples=N``, ``search.scheduler.type=none``), once with
+``raypeft.training.loop.train(cfg, task, report=lambda m, c: None)`` directly in this process,
+one after another (the "bare loop"), and through ``raypeft.search.run.run_experiment`` (Ray
+Tune + Optuna + MLflow; ``search.num_samples=N``, ``search.scheduler.type=none``), once with
 ``resources.trial_runner=in_process`` and once with ``ray_train``. The searched key is
 ``method.lr`` (a choice of N distinct values, 0.1, 0.2, ...: the searcher does not run a
 discrete configuration twice), which does not change the work. Bare passes and Ray runs
-alternate (bare, in_process, bare, ray_train, bare); each search is compared with the mean
-of the two bare passes (tokenisation + N trials) run right before and after it, since the load
-of a shared machine drifts over minutes (the 1-minute load average is printed with each
-phase). Each Ray run starts and shuts down its own local Ray, as one ``raypeft tune`` would,
-so its wall time includes ``ray.init``, MLflow's sqlite setup, tokenisation, and the final
-test-split evaluation of the best trial. Reported: total
-wall time of the search against the bare reference, the ratio, and the overhead per trial in
-seconds; then the same overhead against a bare reference that also scores the best trial's
-checkpoint on the test split once, as the search's finish phase does (work the user asked
-for, not overhead: ``raypeft.search.outcome.score_on_test``, timed in every bare pass), and
-where each search's time went (its phases: prepare, open_records with ``ray.init``, fit,
-analyse, finish). A process that trains several trials keeps the frozen backbone loaded
-(``raypeft.modeling.cache``): the bare loop and each reused Tune actor read it once; a Ray
-Train trial runs in new worker processes (Ray Train V2 starts a worker group per
-``TorchTrainer.fit``) and reads it again. MLflow writes to a sqlite file (its artifacts to
-./mlruns, so the searches run with the temp dir as working directory) and Ray to a storage
-path, all in a temp dir, so nothing lands in the repo. Tune runs trials concurrently where
-CPUs allow (2 CPUs: two 1-thread trials), while the bare loop runs one trial at a time with
-``--threads`` threads.
+alternate (bare, in_process, bare, ray_train, bare); each search is compared with the mean of
+the two bare passes (tokenisation + N trials) run right before and after it, since the load of
+a shared machine drifts over minutes (the 1-minute load average is printed with each phase).
+Each Ray run starts and shuts down its own local Ray, as one ``raypeft tune`` would, so its
+wall time includes ``ray.init``, MLflow's sqlite setup, tokenisation, and the final test-split
+evaluation of the best trial. Reported: total wall time of the search against the bare
+reference, the ratio, and the overhead per trial in seconds; then the same overhead against a
+bare reference that also scores the best trial's checkpoint on the test split once, as the
+search's finish phase does (work the user asked for, not overhead:
+``raypeft.search.outcome.score_on_test``, timed in every bare pass), and where each search's
+time went (its phases as the search reports them, ``SearchSummary.phase_s``: prepare,
+open_records with ``ray.init``, fit, analyse, finish). A process that trains several trials
+keeps the frozen backbone loaded (``raypeft.modeling.cache``): the bare loop and each reused
+Tune actor read it once; a Ray Train trial runs in new worker processes (Ray Train V2 starts a
+worker group per ``TorchTrainer.fit``) and reads it again. MLflow writes to a sqlite file (its
+artifacts to ./mlruns, so the searches run with the temp dir as working directory) and Ray to a
+storage path, all in a temp dir, so nothing lands in the repo. Tune runs trials concurrently
+where CPUs allow (2 CPUs: two 1-thread trials), while the bare loop runs one trial at a time
+with ``--threads`` threads.
 
 Absolute numbers depend on the (shared, 2-core) machine; read the ratios.
 
 How to run
 ----------
-    .venv/bin/python benchmarks/dept_vs_pt.py                 # Part A and Part B
-    .venv/bin/python benchmarks/dept_vs_pt.py --skip-ray      # Part A only (~3-5 min)
-    .venv/bin/python benchmarks/dept_vs_pt.py --skip-steps    # Part B only
-    .venv/bin/python benchmarks/dept_vs_pt.py --steps 20 --threads 1 --data random
+    .venv/bin/python -m benchmarks.dept_vs_pt                 # Part A and Part B
+    .venv/bin/python -m benchmarks.dept_vs_pt --skip-ray      # Part A only (~3-5 min)
+    .venv/bin/python -m benchmarks.dept_vs_pt --skip-steps    # Part B only
+    .venv/bin/python -m benchmarks.dept_vs_pt --steps 20 --threads 1 --data random
 
 ``--help`` lists every flag.
 """
@@ -80,32 +81,31 @@ How to run
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import resource
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-# Quiet and local: no usage stats, no telemetry, no tokenizer thread pools.
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from benchmarks.common.machine import load_note
+from benchmarks.common.memory import MiB, PeakMeter, rss_bytes
+from benchmarks.common.processes import run_module
+from benchmarks.common.searches import phases_line, quiet_and_local
+from benchmarks.common.tables import print_table, right_aligned_after
+from benchmarks.common.timing import interleaved_seconds, median_ratio
 
-MiB = 1024 * 1024
 METHODS = ("pt", "dept")
 LABEL = {"pt": "PT", "dept": "DePT"}
 INPUT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- models, batches
 
 
 def method_dict(name: str, args: argparse.Namespace) -> dict:
+    """PT with ``--pt-length`` tokens, or DePT with ``--dept-length`` within PT's budget."""
     if name == "pt":
         return {"name": "pt", "prompt_length": args.pt_length}
     return {
@@ -116,7 +116,7 @@ def method_dict(name: str, args: argparse.Namespace) -> dict:
 
 
 def step_config(name: str, args: argparse.Namespace):
-    from raypeft.config.loading import validate_experiment
+    from raypeft.config.loading import validate_experiment  # why: --help starts fast
 
     return validate_experiment(
         {
@@ -130,28 +130,15 @@ def step_config(name: str, args: argparse.Namespace):
 
 
 def build(name: str, args: argparse.Namespace, num_labels: int):
-    """(cfg, model, optimizer) for one method: the same code path as a trial."""
+    """One method's model and what trains it (a :class:`~benchmarks.common.training.Trainee`),
+    through the same code path as a trial."""
+    from benchmarks.common.training import Trainee
     from raypeft.modeling.backbones import load_backbone
     from raypeft.modeling.prompted import PromptedModel
-    from raypeft.training.optimizer import build_optimizer
 
     cfg = step_config(name, args)
     backbone = load_backbone(cfg.model, num_labels, "classification", seed=cfg.train.seed)
-    model = PromptedModel(backbone, cfg.method)
-    return cfg, model, build_optimizer(model, cfg)
-
-
-def train_step(model, optimizer, batch, max_grad_norm) -> None:
-    """One step as ``raypeft.training.loop.train`` takes it: forward, backward, clip, AdamW."""
-    import torch
-
-    inputs, labels = batch
-    loss = model(**inputs, labels=labels).loss
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    if max_grad_norm:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
-    optimizer.step()
+    return Trainee.of(PromptedModel(backbone, cfg.method), cfg)
 
 
 def make_batches(args: argparse.Namespace) -> tuple[dict, int]:
@@ -159,28 +146,7 @@ def make_batches(args: argparse.Namespace) -> tuple[dict, int]:
     import numpy as np
 
     n = args.num_batches * args.batch_size
-    if args.data == "random":
-        from raypeft.modeling.backbones import load_tokenizer
-
-        vocab = len(load_tokenizer(args.model))
-        rng = np.random.default_rng(0)
-        arrays = {
-            "input_ids": rng.integers(1000, vocab, (n, args.max_length)),
-            "attention_mask": np.ones((n, args.max_length), np.int64),
-            "token_type_ids": np.zeros((n, args.max_length), np.int64),
-            "labels": rng.integers(0, 3, n),
-        }
-        num_labels = 3
-    else:
-        from raypeft.config.schema import ModelConfig, TaskConfig
-        from raypeft.data import prepare_task
-
-        task = prepare_task(
-            TaskConfig(max_train_examples=n, max_eval_examples=8),
-            ModelConfig(name=args.model, max_length=args.max_length),
-        )
-        arrays = dict(task.splits["train"])
-        num_labels = task.num_labels
+    arrays, num_labels = random_arrays(args, n) if args.data == "random" else tweets(args, n)
     shape = (args.num_batches, args.batch_size)
     out = {
         k: np.asarray(v, dtype=np.int64).reshape(*shape, *v.shape[1:]) for k, v in arrays.items()
@@ -190,91 +156,52 @@ def make_batches(args: argparse.Namespace) -> tuple[dict, int]:
     return out, num_labels
 
 
-def torch_batches(arrays: dict) -> list:
+def random_arrays(args: argparse.Namespace, n: int) -> tuple[dict, int]:
+    """``n`` examples of random token ids (3 labels)."""
+    import numpy as np
+
+    from raypeft.modeling.backbones import load_tokenizer
+
+    vocab = len(load_tokenizer(args.model))
+    rng = np.random.default_rng(0)
+    arrays = {
+        "input_ids": rng.integers(1000, vocab, (n, args.max_length)),
+        "attention_mask": np.ones((n, args.max_length), np.int64),
+        "token_type_ids": np.zeros((n, args.max_length), np.int64),
+        "labels": rng.integers(0, 3, n),
+    }
+    return arrays, 3
+
+
+def tweets(args: argparse.Namespace, n: int) -> tuple[dict, int]:
+    """``n`` tweets of the packaged task, tokenised as a trial reads them."""
+    from raypeft.config.schema import ModelConfig, TaskConfig
+    from raypeft.data import prepare_task
+
+    task = prepare_task(
+        TaskConfig(max_train_examples=n, max_eval_examples=8),
+        ModelConfig(name=args.model, max_length=args.max_length),
+    )
+    return dict(task.splits["train"]), task.num_labels
+
+
+def torch_batches(arrays: dict) -> list[dict]:
+    """One dict of tensors per batch (inputs and labels), as the training loop feeds them."""
     import torch
 
-    batches = []
-    for i in range(arrays["input_ids"].shape[0]):
-        inputs = {k: torch.from_numpy(arrays[k][i]) for k in INPUT_KEYS if k in arrays}
-        batches.append((inputs, torch.from_numpy(arrays["labels"][i])))
-    return batches
+    keys = [k for k in (*INPUT_KEYS, "labels") if k in arrays]
+    return [
+        {k: torch.from_numpy(arrays[k][i]) for k in keys}
+        for i in range(arrays["input_ids"].shape[0])
+    ]
 
 
-def rss_now() -> int:
-    """Current resident set size in bytes."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        import psutil
-
-        return psutil.Process().memory_info().rss
+def inputs_of(batch: dict) -> dict:
+    """A batch without its labels: what an inference forward reads."""
+    return {k: v for k, v in batch.items() if k != "labels"}
 
 
-class PeakMeter:
-    """High-water mark of this process's RSS, resettable where Linux allows it."""
-
-    def __init__(self) -> None:
-        self.resettable = self._reset() and self._hwm() is not None
-        self.source = "VmHWM (reset via clear_refs)" if self.resettable else "ru_maxrss"
-
-    @staticmethod
-    def _reset() -> bool:
-        try:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")  # reset the peak RSS to the current RSS (Linux >= 4.0)
-            return True
-        except OSError:
-            return False
-
-    @staticmethod
-    def _hwm() -> int | None:
-        try:
-            with open("/proc/self/status") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            pass
-        return None
-
-    def reset(self) -> None:
-        if self.resettable:
-            self._reset()
-
-    def peak(self) -> int:
-        if self.resettable:
-            return self._hwm()
-        maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB (bytes on macOS)
-        return maxrss if sys.platform == "darwin" else maxrss * 1024
-
-
-def load_note() -> str:
-    """The 1-minute load average: how contended the machine was (2 cores here)."""
-    try:
-        return f" [load {os.getloadavg()[0]:.1f}]"
-    except OSError:
-        return ""
-
-
-def median_ratio(num: list[float], den: list[float]) -> float:
-    return statistics.median(a / b for a, b in zip(num, den, strict=True))
-
-
-def print_table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-
-    def fmt(row):
-        cells = zip(row, widths, strict=True)
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(cells))
-
-    print(fmt(header))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print(fmt(r))
-
-
-# ----------------------------------------------------------------------------- Part A
+# ----------------------------------------------------------------------------- Part A: memory
 
 
 def memory_worker(args: argparse.Namespace) -> None:
@@ -284,71 +211,125 @@ def memory_worker(args: argparse.Namespace) -> None:
     import numpy as np
     import torch
 
+    from benchmarks.common.training import training_step
+
     torch.set_num_threads(args.threads)
     with np.load(args._batches) as data:
-        arrays = {k: data[k] for k in data.files}
-    batches = torch_batches(arrays)
-    cfg, model, optimizer = build(args._memory_worker, args, int(args._num_labels))
+        batches = torch_batches({k: data[k] for k in data.files})
+    trainee = build(args._memory_worker, args, int(args._num_labels))
     meter = PeakMeter()  # its first reset happens here
     gc.collect()
     out = {"source": meter.source, "peak_loaded": meter.peak()}
     meter.reset()
-    out["rss_loaded"] = rss_now()
-    model.eval()
+    out["rss_loaded"] = rss_bytes()
+    trainee.model.eval()
     with torch.no_grad():
-        model(**batches[0][0])
+        trainee.model(**inputs_of(batches[0]))
     out["peak_infer"] = meter.peak()
-    model.train()
+    trainee.model.train()
     gc.collect()
     meter.reset()
-    out["rss_before_train"] = rss_now()
+    out["rss_before_train"] = rss_bytes()
     for i in range(args.memory_steps):
-        train_step(model, optimizer, batches[i % len(batches)], cfg.train.max_grad_norm)
+        training_step(trainee, batches[i % len(batches)])
     out["peak_train"] = meter.peak()
     print(json.dumps(out))
 
 
-def run_memory_subprocess(
+def memory_in_fresh_process(
     name: str, args: argparse.Namespace, batches_file: Path, num_labels: int
 ) -> dict:
-    cmd = [
-        sys.executable,
-        str(Path(__file__).resolve()),
-        "--_memory-worker",
-        name,
-        "--_batches",
-        str(batches_file),
-        "--_num-labels",
-        str(num_labels),
-        "--threads",
-        str(args.threads),
-        "--memory-steps",
-        str(args.memory_steps),
-        "--model",
-        args.model,
-        "--max-length",
-        str(args.max_length),
-        "--batch-size",
-        str(args.batch_size),
-        "--pt-length",
-        str(args.pt_length),
-        "--dept-length",
-        str(args.dept_length),
-    ]
+    """:func:`memory_worker` for ``name`` in a new interpreter (this module, hidden flags)."""
+    flags = {
+        "--_memory-worker": name,
+        "--_batches": batches_file,
+        "--_num-labels": num_labels,
+        "--threads": args.threads,
+        "--memory-steps": args.memory_steps,
+        "--model": args.model,
+        "--max-length": args.max_length,
+        "--batch-size": args.batch_size,
+        "--pt-length": args.pt_length,
+        "--dept-length": args.dept_length,
+    }
     # A fixed mmap threshold turns off glibc's adaptive one, so freed tensors go back to the
     # OS and RSS follows the live tensors instead of the heap's history.
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(64 * 1024))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory worker for {name} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    words = [str(w) for pair in flags.items() for w in pair]
+    return json.loads(run_module(__spec__.name, words, env).strip().splitlines()[-1])
+
+
+def measure_memory(args: argparse.Namespace, arrays: dict, num_labels: int) -> dict:
+    """Each method's memory, one fresh subprocess per method and repeat, alternating."""
+    import numpy as np
+
+    mem: dict[str, list[dict]] = {name: [] for name in METHODS}
+    with tempfile.TemporaryDirectory() as tmp:
+        batches_file = Path(tmp) / "batches.npz"
+        np.savez(batches_file, **arrays)
+        for rep in range(args.memory_repeats):
+            for name in METHODS if rep % 2 == 0 else METHODS[::-1]:
+                mem[name].append(memory_in_fresh_process(name, args, batches_file, num_labels))
+    return mem
+
+
+# ----------------------------------------------------------------------------- Part A: time
+
+
+def check_equal_budget(built: dict, args: argparse.Namespace) -> dict:
+    """Print the two methods' sizes; fail unless both train PT's budget. Returns the facts
+    the table reports (trainable counts, backbone sequence lengths)."""
+    from raypeft.methods.sizing import soft_prompt_params
+
+    dims = built["pt"].model.dims
+    counts = {name: built[name].model.method.num_trainable() for name in METHODS}
+    head = sum(p.numel() for p in built["pt"].model.param_groups()["head"])
+    rank = built["dept"].model.method.config.resolve(dims).rank
+    budget = soft_prompt_params(args.pt_length, dims.hidden_size)
+    slack = budget - counts["dept"]
+    print(
+        f"d={dims.hidden_size}, s={dims.max_length}, DePT rank r={rank}; trainable prompt "
+        f"params: PT {counts['pt']:,}, DePT {counts['dept']:,} (budget l*d = {budget:,}, "
+        f"DePT floor slack = {slack:,}); task head {head:,} each (not counted)",
+        flush=True,
+    )
+    if counts["pt"] != budget or not 0 <= slack < dims.max_length + dims.hidden_size:
+        raise AssertionError("PT and DePT are not at equal trainable parameters")
+    lengths = {"pt": args.pt_length, "dept": args.dept_length}
+    return {"counts": counts, "seq": {n: lengths[n] + dims.max_length for n in METHODS}}
+
+
+def time_training_steps(built: dict, batches: list[dict], args) -> dict[str, list[float]]:
+    """Training steps of both methods, alternating step by step after ``--warmup`` each."""
+    from benchmarks.common.training import training_step
+
+    for trainee in built.values():
+        trainee.model.train()
+
+    def stepper(name: str):
+        return lambda i: training_step(built[name], batches[i % len(batches)])
+
+    actions = {name: stepper(name) for name in METHODS}
+    return interleaved_seconds(actions, args.steps, args.warmup)
+
+
+def time_inference(built: dict, batches: list[dict], args) -> dict[str, list[float]]:
+    """No-grad forwards in eval mode, alternating batch by batch after one warm-up each."""
+    import torch
+
+    for trainee in built.values():
+        trainee.model.eval()
+
+    def forward(name: str):
+        return lambda i: built[name].model(**inputs_of(batches[i % len(batches)]))
+
+    with torch.no_grad():
+        return interleaved_seconds({n: forward(n) for n in METHODS}, args.infer_batches, 1)
 
 
 def part_a(args: argparse.Namespace) -> None:
-    import numpy as np
+    """PT against DePT at equal budget: step time, inference time, memory; then the table."""
     import torch
-
-    from raypeft.methods.sizing import soft_prompt_params as prompt_tuning_params
 
     torch.set_num_threads(args.threads)
     print(
@@ -360,137 +341,101 @@ def part_a(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     arrays, num_labels = make_batches(args)
     batches = torch_batches(arrays)
-
     built = {name: build(name, args, num_labels) for name in METHODS}
-    dims = built["pt"][1].dims
-    counts = {name: built[name][1].method.num_trainable() for name in METHODS}
-    head = sum(p.numel() for p in built["pt"][1].param_groups()["head"])
-    rank = built["dept"][1].method.config.resolve(dims).rank
-    budget = prompt_tuning_params(args.pt_length, dims.hidden_size)
-    slack = budget - counts["dept"]
-    seq = {"pt": args.pt_length + dims.max_length, "dept": args.dept_length + dims.max_length}
-    print(
-        f"d={dims.hidden_size}, s={dims.max_length}, DePT rank r={rank}; trainable prompt "
-        f"params: PT {counts['pt']:,}, DePT {counts['dept']:,} (budget l*d = {budget:,}, "
-        f"DePT floor slack = {slack:,}); task head {head:,} each (not counted)",
-        flush=True,
-    )
-    if counts["pt"] != budget or not 0 <= slack < dims.max_length + dims.hidden_size:
-        raise AssertionError("PT and DePT are not at equal trainable parameters")
-
-    # -- 1. training steps, alternating step by step (order flipped every round)
-    for _, model, _ in built.values():
-        model.train()
-    for i in range(args.warmup):
-        for name in METHODS:
-            cfg, model, opt = built[name]
-            train_step(model, opt, batches[i % len(batches)], cfg.train.max_grad_norm)
-    step_times = {name: [] for name in METHODS}
-    for i in range(args.steps):
-        batch = batches[(args.warmup + i) % len(batches)]
-        for name in METHODS if i % 2 == 0 else METHODS[::-1]:
-            cfg, model, opt = built[name]
-            start = time.perf_counter()
-            train_step(model, opt, batch, cfg.train.max_grad_norm)
-            step_times[name].append(time.perf_counter() - start)
-    print(
-        f"  training steps done ({time.perf_counter() - t0:.0f} s so far){load_note()}", flush=True
-    )
-
-    # -- 2. inference, alternating batch by batch
-    infer_times = {name: [] for name in METHODS}
-    for _, model, _ in built.values():
-        model.eval()
-    with torch.no_grad():
-        for name in METHODS:  # one warm-up forward each
-            built[name][1](**batches[0][0])
-        for i in range(args.infer_batches):
-            inputs = batches[i % len(batches)][0]
-            for name in METHODS if i % 2 == 0 else METHODS[::-1]:
-                start = time.perf_counter()
-                built[name][1](**inputs)
-                infer_times[name].append(time.perf_counter() - start)
+    facts = check_equal_budget(built, args)
+    steps = time_training_steps(built, batches, args)
+    so_far = f"({time.perf_counter() - t0:.0f} s so far){load_note()}"
+    print(f"  training steps done {so_far}", flush=True)
+    infer = time_inference(built, batches, args)
     print(f"  inference done ({time.perf_counter() - t0:.0f} s so far){load_note()}", flush=True)
     del built
-
-    # -- 3. memory: one fresh subprocess per method and repeat, alternating
-    mem = {name: [] for name in METHODS}
+    mem = {}
     if args.memory_repeats:
-        with tempfile.TemporaryDirectory() as tmp:
-            batches_file = Path(tmp) / "batches.npz"
-            np.savez(batches_file, **arrays)
-            for rep in range(args.memory_repeats):
-                for name in METHODS if rep % 2 == 0 else METHODS[::-1]:
-                    mem[name].append(run_memory_subprocess(name, args, batches_file, num_labels))
-        print(
-            f"  memory done ({time.perf_counter() - t0:.0f} s so far; peak source: "
-            f"{mem['pt'][0]['source']})",
-            flush=True,
-        )
+        mem = measure_memory(args, arrays, num_labels)
+        source = mem["pt"][0]["source"]
+        print(f"  memory done ({time.perf_counter() - t0:.0f} s so far; peak source: {source})")
+    print()
+    header = ("metric", "PT", "DePT", "ratio DePT/PT")
+    rows = time_rows(facts, steps, infer, args) + memory_rows(mem)
+    print_table(header, rows, right_aligned_after(1, len(header)))
+    print()
+    print_raw(steps, infer, mem)
+    print(f"Part A took {time.perf_counter() - t0:.0f} s", flush=True)
 
-    # -- table
-    def row(label, a, b, fmt):
-        return (label, format(a, fmt), format(b, fmt), f"{b / a:.3f}")
 
-    st, it = step_times, infer_times
-    rows = [
-        row("trainable prompt params", counts["pt"], counts["dept"], ","),
-        row("backbone sequence length (l|m + s)", seq["pt"], seq["dept"], "d"),
-        row(
+def ratio_row(label: str, pt: float, dept: float, fmt: str) -> tuple[str, ...]:
+    return (label, format(pt, fmt), format(dept, fmt), f"{dept / pt:.3f}")
+
+
+def time_rows(facts: dict, steps: dict, infer: dict, args) -> list[tuple[str, ...]]:
+    """Part A's rows of sizes and times."""
+    median = statistics.median
+    counts, seq = facts["counts"], facts["seq"]
+    return [
+        ratio_row("trainable prompt params", counts["pt"], counts["dept"], ","),
+        ratio_row("backbone sequence length (l or m, + s)", seq["pt"], seq["dept"], "d"),
+        ratio_row(
             f"train step, median of {args.steps} (s)",
-            statistics.median(st["pt"]),
-            statistics.median(st["dept"]),
+            median(steps["pt"]),
+            median(steps["dept"]),
             ".3f",
         ),
         (
             "train step, median of per-pair ratios",
             "",
             "",
-            f"{median_ratio(st['dept'], st['pt']):.3f}",
+            f"{median_ratio(steps['dept'], steps['pt']):.3f}",
         ),
-        row("train step, fastest (s)", min(st["pt"]), min(st["dept"]), ".3f"),
-        row(
+        ratio_row("train step, fastest (s)", min(steps["pt"]), min(steps["dept"]), ".3f"),
+        ratio_row(
             f"inference/batch, median of {args.infer_batches} (s)",
-            statistics.median(it["pt"]),
-            statistics.median(it["dept"]),
+            median(infer["pt"]),
+            median(infer["dept"]),
             ".3f",
         ),
         (
             "inference/batch, median of per-pair ratios",
             "",
             "",
-            f"{median_ratio(it['dept'], it['pt']):.3f}",
+            f"{median_ratio(infer['dept'], infer['pt']):.3f}",
         ),
-        row("inference/batch, fastest (s)", min(it["pt"]), min(it["dept"]), ".3f"),
+        ratio_row("inference/batch, fastest (s)", min(infer["pt"]), min(infer["dept"]), ".3f"),
     ]
-    if args.memory_repeats:
 
-        def mib(name, f):
-            return statistics.median(f(r) for r in mem[name]) / MiB
 
-        memrows = [
-            ("train step: memory added (MiB)", lambda r: r["peak_train"] - r["rss_before_train"]),
-            ("train step: peak RSS, total (MiB)", lambda r: r["peak_train"]),
-            ("inference: memory added (MiB)", lambda r: r["peak_infer"] - r["rss_loaded"]),
-            ("RSS after loading (MiB)", lambda r: r["rss_loaded"]),
-        ]
-        rows += [row(label, mib("pt", f), mib("dept", f), ".0f") for label, f in memrows]
-    print()
-    print_table(("metric", "PT", "DePT", "ratio DePT/PT"), rows)
-    print()
+MEMORY_ROWS = (
+    ("train step: memory added (MiB)", lambda r: r["peak_train"] - r["rss_before_train"]),
+    ("train step: peak RSS, total (MiB)", lambda r: r["peak_train"]),
+    ("inference: memory added (MiB)", lambda r: r["peak_infer"] - r["rss_loaded"]),
+    ("RSS after loading (MiB)", lambda r: r["rss_loaded"]),
+)
+
+
+def memory_rows(mem: dict) -> list[tuple[str, ...]]:
+    """Part A's memory rows: the median over the fresh subprocesses (none without them)."""
+    if not mem:
+        return []
+
+    def mib(name, of):
+        return statistics.median(of(r) for r in mem[name]) / MiB
+
+    return [ratio_row(label, mib("pt", of), mib("dept", of), ".0f") for label, of in MEMORY_ROWS]
+
+
+def print_raw(steps: dict, infer: dict, mem: dict) -> None:
+    """Every measurement behind the medians."""
     print("raw train step times (s):")
     for name in METHODS:
-        print(f"  {LABEL[name]:5s}", " ".join(f"{t:.3f}" for t in st[name]))
+        print(f"  {LABEL[name]:5s}", " ".join(f"{t:.3f}" for t in steps[name]))
     print("raw inference times (s):")
     for name in METHODS:
-        print(f"  {LABEL[name]:5s}", " ".join(f"{t:.3f}" for t in it[name]))
-    if args.memory_repeats:
+        print(f"  {LABEL[name]:5s}", " ".join(f"{t:.3f}" for t in infer[name]))
+    if mem:
         keys = ("peak_loaded", "rss_loaded", "peak_infer", "rss_before_train", "peak_train")
         print("raw memory per subprocess (MiB: " + " / ".join(keys) + "):")
         for name in METHODS:
             for r in mem[name]:
                 print(f"  {LABEL[name]:5s}", " / ".join(f"{r[k] / MiB:.0f}" for k in keys))
-    print(f"Part A took {time.perf_counter() - t0:.0f} s", flush=True)
 
 
 # ----------------------------------------------------------------------------- Part B
@@ -537,129 +482,14 @@ def ray_config(args: argparse.Namespace, runner: str, tmp: Path):
     )
 
 
-def part_b(args: argparse.Namespace) -> bool:
-    """Returns False when ``raypeft.search.run.run_experiment`` is not there yet."""
-    import torch
+@dataclass
+class BarePasses:
+    """The bare loop's passes so far: every trial's seconds, each pass's total (tokenise + N
+    trials) and its test evaluation of the best trial."""
 
-    try:
-        from raypeft.search.run import run_experiment
-    except ImportError as exc:
-        print(f"== Part B skipped: raypeft.search.run.run_experiment is not available ({exc})")
-        return False
-    import ray
-
-    from raypeft.config.schema import apply_trial_params
-    from raypeft.data import prepare_task
-    from raypeft.search.outcome import score_on_test
-    from raypeft.training.evaluation import TargetMetric
-    from raypeft.training.loop import train
-
-    n = args.ray_trials
-    runners = [r.strip() for r in args.ray_runners.split(",") if r.strip()]
-    print(
-        f"== Part B: {n} trials of {args.ray_model} s={args.ray_max_length} PT l=20, "
-        f"max_steps={args.ray_steps}, eval_every={args.ray_eval_every}, "
-        f"{args.ray_train_examples} train / {args.ray_eval_examples} eval examples; "
-        f"runners {runners}; bare loop with {args.threads} threads",
-        flush=True,
-    )
-    t0 = time.perf_counter()
-    bare: list[float] = []
-    passes: list[float] = []  # total of each bare pass: tokenise + N trials
-    tests: list[float] = []  # each bare pass's test evaluation of its best trial
-    results: dict[str, float] = {}
-    phases: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="raypeft_bench_") as tmpdir:
-        tmp = Path(tmpdir)
-        base = ray_config(args, "in_process", tmp)
-
-        def bare_pass() -> None:
-            torch.set_num_threads(args.threads)
-            start = time.perf_counter()
-            task = prepare_task(base.task, base.model)
-            prep = time.perf_counter() - start
-            times, best = [], (float("-inf"), None)
-            target = TargetMetric.of(base, task)  # higher is better for this task's metric
-            for i in range(n):
-                cfg = apply_trial_params(base, {"method.lr": searched_lrs(n)[i]})
-                keep = BestCheckpoint(tmp / "bare_best", i)
-                start = time.perf_counter()
-                score = train(cfg, task, report=keep)[f"val_{target.name}"]
-                times.append(time.perf_counter() - start)
-                best = max(best, (score, keep.folder), key=lambda x: x[0])
-            start = time.perf_counter()
-            score_on_test(base, task, best[1])
-            tests.append(time.perf_counter() - start)
-            bare.extend(times)
-            passes.append(prep + sum(times))
-            print(
-                f"  bare pass: tokenise {prep:.1f} s, trials "
-                + " ".join(f"{t:.1f}" for t in times)
-                + f" s; total {passes[-1]:.1f} s; test evaluation of the best {tests[-1]:.1f} s"
-                + load_note(),
-                flush=True,
-            )
-
-        bare_pass()
-        for runner in runners:
-            cfg = ray_config(args, runner, tmp)
-            cwd = os.getcwd()
-            # MLflow's sqlite store puts artifacts in ./mlruns of the working directory
-            os.chdir(tmp)
-            try:
-                start = time.perf_counter()
-                with timed_phases() as phases[runner]:
-                    summary = run_experiment(cfg, quiet=True)
-                ray.shutdown()
-            finally:
-                os.chdir(cwd)
-            results[runner] = time.perf_counter() - start
-            print(
-                f"  ray {runner}: {results[runner]:.1f} s wall (summary.wall_s "
-                f"{summary.wall_s:.1f}); trials {summary.num_trials}, errors "
-                f"{summary.num_errors}{load_note()}; phases "
-                + ", ".join(f"{k} {v:.1f} s" for k, v in phases[runner].items()),
-                flush=True,
-            )
-            if args.bare_between:
-                bare_pass()
-    print()
-    header = (
-        "trial runner",
-        "N",
-        "bare loop (s)",
-        "through Ray (s)",
-        "ratio Ray/bare",
-        "overhead per trial (s)",
-        "bare + test eval (s)",
-        "overhead per trial, test eval in both (s)",
-    )
-    rows = []
-    for i, (runner, t) in enumerate(results.items()):
-        # the bare passes run right before and after this search (noise drifts over minutes)
-        near = slice(i, i + 2) if args.bare_between else slice(None)
-        ref = statistics.mean(passes[near])
-        with_test = ref + statistics.mean(tests[near])
-        rows.append(
-            (
-                runner,
-                str(n),
-                f"{ref:.1f}",
-                f"{t:.1f}",
-                f"{t / ref:.2f}",
-                f"{(t - ref) / n:+.1f}",
-                f"{with_test:.1f}",
-                f"{(t - with_test) / n:+.1f}",
-            )
-        )
-    print_table(header, rows)
-    print(
-        f"(bare loop = mean of the bare passes run just before and after that search; "
-        f"median bare trial {statistics.median(bare):.1f} s over {len(bare)}; "
-        f"Part B took {time.perf_counter() - t0:.0f} s)",
-        flush=True,
-    )
-    return True
+    trials: list[float] = field(default_factory=list)
+    totals: list[float] = field(default_factory=list)
+    tests: list[float] = field(default_factory=list)
 
 
 class BestCheckpoint:
@@ -677,33 +507,119 @@ class BestCheckpoint:
             shutil.copytree(folder, self.folder)
 
 
-@contextlib.contextmanager
-def timed_phases():
-    """Seconds spent in each phase of ``run_experiment`` (and in ``ray.init``), measured by
-    wrapping the phase functions for the duration (the search reports only its total)."""
-    import raypeft.search.run as run_module
+def bare_pass(base, args: argparse.Namespace, tmp: Path, passes: BarePasses) -> None:
+    """Tokenise, train the N trials one after another in this process, score the best one's
+    checkpoint on test: the search's work without Ray, MLflow or Optuna."""
+    import torch
 
-    spent: dict[str, float] = {}
-    names = ("prepare", "open_records", "init_ray", "fit", "analyse", "finish")
-    originals = {name: getattr(run_module, name) for name in names}
+    from raypeft.config.schema import apply_trial_params
+    from raypeft.data import prepare_task
+    from raypeft.search.outcome import score_on_test
+    from raypeft.training.evaluation import TargetMetric
+    from raypeft.training.loop import train
 
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                spent[name] = spent.get(name, 0.0) + time.perf_counter() - start
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    task = prepare_task(base.task, base.model)
+    prep = time.perf_counter() - start
+    times, best = [], (float("-inf"), None)
+    target = TargetMetric.of(base, task)  # higher is better for this task's metric
+    for i, lr in enumerate(searched_lrs(args.ray_trials)):
+        keep = BestCheckpoint(tmp / "bare_best", i)
+        start = time.perf_counter()
+        score = train(apply_trial_params(base, {"method.lr": lr}), task, report=keep)
+        times.append(time.perf_counter() - start)
+        best = max(best, (score[f"val_{target.name}"], keep.folder), key=lambda x: x[0])
+    start = time.perf_counter()
+    score_on_test(base, task, best[1])
+    passes.tests.append(time.perf_counter() - start)
+    passes.trials.extend(times)
+    passes.totals.append(prep + sum(times))
+    print(
+        f"  bare pass: tokenise {prep:.1f} s, trials {' '.join(f'{t:.1f}' for t in times)} s; "
+        f"total {passes.totals[-1]:.1f} s; test evaluation of the best {passes.tests[-1]:.1f} s"
+        + load_note(),
+        flush=True,
+    )
 
-        return wrapper
 
-    for name, fn in originals.items():
-        setattr(run_module, name, timed(name, fn))
-    try:
-        yield spent
-    finally:
-        for name, fn in originals.items():
-            setattr(run_module, name, fn)
+def ray_search(args: argparse.Namespace, runner: str, tmp: Path) -> float:
+    """One search through raypeft with ``runner``: its wall time (``ray.init`` to shutdown)."""
+    from benchmarks.common.searches import timed_search
+
+    summary, wall = timed_search(ray_config(args, runner, tmp), tmp)
+    print(
+        f"  ray {runner}: {wall:.1f} s wall (summary.wall_s {summary.wall_s:.1f}); trials "
+        f"{summary.num_trials}, errors {summary.num_errors}{load_note()}; phases "
+        + phases_line(summary),
+        flush=True,
+    )
+    return wall
+
+
+def part_b(args: argparse.Namespace) -> None:
+    """Ray's searches against bare passes of the same work, alternating; then the table."""
+    runners = [r.strip() for r in args.ray_runners.split(",") if r.strip()]
+    print(
+        f"== Part B: {args.ray_trials} trials of {args.ray_model} s={args.ray_max_length} PT "
+        f"l=20, max_steps={args.ray_steps}, eval_every={args.ray_eval_every}, "
+        f"{args.ray_train_examples} train / {args.ray_eval_examples} eval examples; "
+        f"runners {runners}; bare loop with {args.threads} threads",
+        flush=True,
+    )
+    t0 = time.perf_counter()
+    passes, walls = BarePasses(), {}
+    with tempfile.TemporaryDirectory(prefix="raypeft_bench_") as tmpdir:
+        tmp = Path(tmpdir)
+        base = ray_config(args, "in_process", tmp)
+        bare_pass(base, args, tmp, passes)
+        for runner in runners:
+            walls[runner] = ray_search(args, runner, tmp)
+            if args.bare_between:
+                bare_pass(base, args, tmp, passes)
+    print()
+    print_table(OVERHEAD_HEADER, overhead_rows(walls, passes, args), right_aligned_after(1, 8))
+    print(
+        f"(bare loop = mean of the bare passes run just before and after that search; "
+        f"median bare trial {statistics.median(passes.trials):.1f} s over "
+        f"{len(passes.trials)}; Part B took {time.perf_counter() - t0:.0f} s)",
+        flush=True,
+    )
+
+
+OVERHEAD_HEADER = (
+    "trial runner",
+    "N",
+    "bare loop (s)",
+    "through Ray (s)",
+    "ratio Ray/bare",
+    "overhead per trial (s)",
+    "bare + test eval (s)",
+    "overhead per trial, test eval in both (s)",
+)
+
+
+def overhead_rows(walls: dict, passes: BarePasses, args) -> list[tuple[str, ...]]:
+    """Each search against the bare passes run right before and after it (the load of a
+    shared machine drifts over minutes)."""
+    n, rows = args.ray_trials, []
+    for i, (runner, t) in enumerate(walls.items()):
+        near = slice(i, i + 2) if args.bare_between else slice(None)
+        ref = statistics.mean(passes.totals[near])
+        with_test = ref + statistics.mean(passes.tests[near])
+        rows.append(
+            (
+                runner,
+                str(n),
+                f"{ref:.1f}",
+                f"{t:.1f}",
+                f"{t / ref:.2f}",
+                f"{(t - ref) / n:+.1f}",
+                f"{with_test:.1f}",
+                f"{(t - with_test) / n:+.1f}",
+            )
+        )
+    return rows
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -775,6 +691,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Part A and Part B, as the flags ask (or the hidden memory worker)."""
+    quiet_and_local()
     args = parse_args(argv)
     if args._memory_worker:
         memory_worker(args)
@@ -783,10 +701,9 @@ def main(argv: list[str] | None = None) -> int:
         part_a(args)
     if not args.skip_ray:
         print()
-        if not part_b(args):
-            return 1
+        part_b(args)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -24,47 +24,35 @@ scaler). Two tables, every ratio measured in this one run:
 It imports only torch, transformers, pydantic and raypeft's training core (no Ray, MLflow,
 Optuna or datasets), so it runs on a GPU machine that has none of them.
 
-    python benchmarks/gpu_step.py                       # everything, on the GPU if any
-    python benchmarks/gpu_step.py --backbones minilm --seq-len 64 --share 1,2
+    python -m benchmarks.gpu_step                       # everything, on the GPU if any
+    python -m benchmarks.gpu_step --backbones minilm --seq-len 64 --share 1,2
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import platform
-import queue
 import statistics
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # raypeft from this checkout
-
-from raypeft.config.schema import ExperimentConfig  # noqa: E402
-from raypeft.modeling.backbones import (  # noqa: E402
-    HEAD_MODULE_NAMES,
-    Backbone,
-    backbone_dims,
-    backbone_kind,
+from benchmarks.common.devices import (
+    device_line,
+    peak_mib,
+    pick_device,
+    reset_peak_memory,
+    synchronize,
 )
-from raypeft.modeling.precision import (  # noqa: E402
-    backbone_dtype,
-    cast_frozen,
-    resolve_precision,
-)
-from raypeft.modeling.prompted import PromptedModel  # noqa: E402
-from raypeft.training.optimizer import (  # noqa: E402
-    build_optimizer,
-    build_scheduler,
-    loss_scaler,
-    optimizer_step,
-)
+from benchmarks.common.processes import measure_together, together
+from benchmarks.common.tables import markdown_table, right_aligned_after
+from benchmarks.common.training import Trainee, training_step
+from raypeft.config.schema import ExperimentConfig
+from raypeft.modeling.backbones import HEAD_MODULE_NAMES, Backbone, backbone_dims, backbone_kind
+from raypeft.modeling.precision import backbone_dtype, cast_frozen, resolve_precision
+from raypeft.modeling.prompted import PromptedModel
 
 # Hugging Face configs of the backbones (the fields that set their shapes); MiniLM's is the
 # packaged all-MiniLM-L6-v2's config.json. "tiny" is for the benchmark's own test.
@@ -217,30 +205,26 @@ def _to(value, device: torch.device):
 # ----------------------------------------------------------------------------- timing
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def time_steps(setting: Setting, device: torch.device, barrier=None) -> dict:
     """Build the model, step ``warmup`` times, then time ``steps`` steps. With a ``barrier``
     (a process among K), wait for the others before timing, so all step concurrently."""
     model, cfg = build(setting, device)
     batch = random_batch(model, setting, device)
-    optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg.train)
-    scaler = loss_scaler(setting.precision, device)
+    trainee = Trainee.of(model, cfg, device)
     model.train()
-
-    def step() -> None:
-        loss = model(**batch).loss
-        optimizer_step(loss, model, optimizer, scheduler, cfg.train.max_grad_norm, scaler)
-
     for _ in range(setting.warmup):
-        step()
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        training_step(trainee, batch)
+    return timed_span(lambda: training_step(trainee, batch), setting, device, barrier) | {
+        "samples": setting.steps * setting.batch_size,
+        "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+    }
+
+
+def timed_span(step, setting: Setting, device: torch.device, barrier=None) -> dict:
+    """Time ``setting.steps`` calls of ``step`` (after the others at ``barrier``, if any):
+    the median step, the span's start and end, and the peak memory during it."""
+    synchronize(device)
+    reset_peak_memory(device)
     if barrier is not None:
         barrier.wait()
     times = []
@@ -248,31 +232,15 @@ def time_steps(setting: Setting, device: torch.device, barrier=None) -> dict:
     for _ in range(setting.steps):
         begin = time.perf_counter()
         step()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - begin)
     end = time.perf_counter()
     return {
         "step_s": statistics.median(times),
         "start": start,
         "end": end,
-        "samples": setting.steps * setting.batch_size,
-        "peak_mib": _peak_mib(device),
-        "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "peak_mib": peak_mib(device),
     }
-
-
-def _peak_mib(device: torch.device) -> float | None:
-    """CUDA: the most memory allocated since the reset; CPU: this process's peak resident
-    set (meaningful in a fresh process only; the caller decides)."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return None
 
 
 # ----------------------------------------------------------------------------- K trials
@@ -284,41 +252,12 @@ def _share_worker(setting: Setting, device: str, threads: int, barrier, results)
     results.put(time_steps(setting, torch.device(device), barrier))
 
 
-def _result(results, procs) -> dict:
-    """The next worker's result; fails (instead of waiting forever) when a worker died."""
-    while True:
-        try:
-            return results.get(timeout=5)
-        except queue.Empty:  # is everyone still alive?
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for proc in procs:
-                    proc.kill()
-                raise RuntimeError(f"a shared-device worker failed (exit {dead[0]})") from None
-
-
 def shared_run(setting: Setting, device: torch.device, k: int, threads: int) -> dict:
     """K processes stepping ``setting`` together: total samples/s over the span from the
     first start to the last end, each process's step time and peak memory."""
-    ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    barrier, results = ctx.Barrier(k), ctx.Queue()
-    per = max(1, threads // k)
-    procs = [
-        ctx.Process(target=_share_worker, args=(setting, str(device), per, barrier, results))
-        for _ in range(k)
-    ]
-    for proc in procs:
-        proc.start()
-    got = [_result(results, procs) for _ in procs]
-    for proc in procs:
-        proc.join()
-    results.close()
-    span = max(r["end"] for r in got) - min(r["start"] for r in got)
-    return {
-        "samples_per_s": sum(r["samples"] for r in got) / span,
-        "step_s": statistics.mean(r["step_s"] for r in got),
-        "peak_mib": max((r["peak_mib"] or 0) for r in got) or None,
-    }
+    per = max(1, threads // k)  # each trial its share of the cores, as Ray gives it
+    got = measure_together(_share_worker, [(setting, str(device), per)] * k)
+    return together(got) | {"peak_mib": max((r["peak_mib"] or 0) for r in got) or None}
 
 
 # ----------------------------------------------------------------------------- tables
@@ -338,19 +277,29 @@ def applicable(setting: Setting, device: torch.device) -> str | None:
     return None
 
 
-def _mib(value: float | None) -> str:
+def mib_cell(value: float | None) -> str:
+    """Memory in MiB, or "-" where it was not measured."""
     return "-" if value is None else f"{value:,.0f}"
 
 
+STEP_HEADER = (
+    "backbone", "method", "precision", "trainable", "step ms", "samples/s", "vs fp32", "peak MiB",
+)  # fmt: skip
+SHARE_HEADER = (
+    "backbone", "method", "precision", "K", "step ms (each)", "total samples/s", "vs K=1",
+    "peak MiB (each)",
+)  # fmt: skip
+
+
 def step_table(settings: list[Setting], device: torch.device, say) -> list[dict]:
-    """Table 1: one row per setting, each measured in this process."""
-    say("| backbone | method | precision | trainable | step ms | samples/s | vs fp32 | peak MiB |")
-    say("|---|---|---|---:|---:|---:|---:|---:|")
-    rows, fp32 = [], {}
+    """Table 1: one row per setting, each measured in this process (a progress line as each
+    is measured, the table at the end)."""
+    rows, cells, fp32 = [], [], {}
     for setting in settings:
+        names = [setting.backbone, setting.method, setting.precision]
         why = applicable(setting, device)
         if why:
-            say(f"| {setting.backbone} | {setting.method} | {setting.precision} | n/a: {why} ||||")
+            cells.append([*names, f"n/a: {why}", "", "", "", ""])
             continue
         r = time_steps(setting, device)
         speed = setting.batch_size / r["step_s"]
@@ -359,11 +308,11 @@ def step_table(settings: list[Setting], device: torch.device, say) -> list[dict]
             fp32[key] = speed
         ratio = f"{speed / fp32[key]:.2f}×" if key in fp32 else "-"
         peak = r["peak_mib"] if device.type == "cuda" else None  # CPU: RSS of the whole run
-        say(
-            f"| {setting.backbone} | {setting.method} | {setting.precision} | {r['params']:,} | "
-            f"{1000 * r['step_s']:.1f} | {speed:.1f} | {ratio} | {_mib(peak)} |"
-        )
+        step_ms = f"{1000 * r['step_s']:.1f}"
+        cells.append([*names, f"{r['params']:,}", step_ms, f"{speed:.1f}", ratio, mib_cell(peak)])
+        say(f"  measured {' '.join(names)}: {step_ms} ms a step")
         rows.append({**setting.__dict__, **r, "samples_per_s": speed})
+    say(markdown_table(STEP_HEADER, cells, right_aligned_after(3, len(STEP_HEADER))))
     return rows
 
 
@@ -371,12 +320,7 @@ def share_table(
     settings: list[Setting], device: torch.device, ks: list[int], threads: int, say
 ) -> list[dict]:
     """Table 2: K processes sharing the device, against K=1 measured the same way."""
-    say(
-        "| backbone | method | precision | K | step ms (each) | total samples/s | vs K=1 "
-        "| peak MiB (each) |"
-    )
-    say("|---|---|---|---:|---:|---:|---:|---:|")
-    rows = []
+    rows, cells = [], []
     for setting in settings:
         if applicable(setting, device):
             continue
@@ -385,34 +329,18 @@ def share_table(
             r = shared_run(setting, device, k, threads)
             single = single or (r["samples_per_s"] if k == 1 else None)
             ratio = f"{r['samples_per_s'] / single:.2f}×" if single else "-"
-            say(
-                f"| {setting.backbone} | {setting.method} | {setting.precision} | {k} | "
-                f"{1000 * r['step_s']:.1f} | {r['samples_per_s']:.1f} | {ratio} | "
-                f"{_mib(r['peak_mib'])} |"
+            names = [setting.backbone, setting.method, setting.precision, str(k)]
+            speed = f"{r['samples_per_s']:.1f}"
+            cells.append(
+                [*names, f"{1000 * r['step_s']:.1f}", speed, ratio, mib_cell(r["peak_mib"])]
             )
+            say(f"  measured {' '.join(names[:3])} K={k}: {speed} samples/s in all")
             rows.append({**setting.__dict__, "k": k, **r})
+    say(markdown_table(SHARE_HEADER, cells, right_aligned_after(3, len(SHARE_HEADER))))
     return rows
 
 
 # ----------------------------------------------------------------------------- main
-
-
-def device_line(device: torch.device, threads: int) -> str:
-    """What ran the benchmark, for the table's caption."""
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        return f"{props.name} ({props.total_memory / 2**30:.0f} GiB), torch {torch.__version__}"
-    return f"CPU {_cpu_name()}, {threads} threads, torch {torch.__version__}"
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -445,15 +373,15 @@ def settings_for(args, methods: str, precisions: list[str]) -> list[Setting]:
     ]
 
 
-def _say(*args) -> None:
-    print(*args, flush=True)  # rows appear as they are measured, also when redirected
+def say_flushed(*args) -> None:
+    """Print at once: rows appear as they are measured, also when redirected."""
+    print(*args, flush=True)
 
 
-def main(argv: list[str] | None = None, say=_say) -> dict:
+def main(argv: list[str] | None = None, say=say_flushed) -> dict:
+    """Run the tables asked for; return what they measured."""
     args = parse_args(argv)
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = pick_device(args.device)
     threads = args.threads or os.cpu_count() or 1
     torch.set_num_threads(threads)
     default = "fp32,bf16,fp16" if device.type == "cuda" else "fp32,bf16"

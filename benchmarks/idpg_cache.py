@@ -8,8 +8,9 @@ task, batch 16. Its generator reads ``M(x)``, the frozen backbone's own mean-poo
 of the UN-prompted input. ``M(x)`` depends on no trained parameter, so raypeft computes it once
 per example on the driver (:func:`raypeft.search.run.precompute_features`) and ships it to every
 trial; the alternative (what a naive implementation does) is an extra no-grad forward of the
-frozen backbone on every training step. Three training steps are timed (forward + backward +
-clipping + AdamW, as ``raypeft.training.loop.train`` takes them):
+frozen backbone on every training step. Three training steps are timed (forward, then
+``raypeft.training.optimizer.optimizer_step``: backward, clipping, AdamW and schedule, as
+``raypeft.training.loop.train`` takes them):
 
 1. ``cached``: M-IDPG with ``M(x)`` read from the precomputed array.
 2. ``on the fly``: the same model, with ``M(x)`` computed by the extra forward pass inside the
@@ -24,8 +25,8 @@ costs once per experiment) against the per-step saving times the steps of one se
 
 Usage::
 
-    python benchmarks/idpg_cache.py                  # ~3 minutes on 2 cores
-    python benchmarks/idpg_cache.py --steps 60 --max-length 128 --threads 2
+    python -m benchmarks.idpg_cache                  # ~3 minutes on 2 cores
+    python -m benchmarks.idpg_cache --steps 60 --max-length 128 --threads 2
 """
 
 from __future__ import annotations
@@ -35,17 +36,23 @@ import os
 import statistics
 import time
 
+from benchmarks.common.tables import print_table
+from benchmarks.common.timing import interleaved_seconds, median_ratio
+
+LABELS = {"cached": "IDPG, cached M(x)", "on the fly": "IDPG, M(x) every step", "PT": "PT, l=5"}
+
 
 def build(args):
-    """The three models, their optimizers and a list of batches (cached encodings included)."""
+    """The three models with what trains them, and a list of batches (cached encodings
+    included)."""
     import numpy as np
     import torch
 
+    from benchmarks.common.training import Trainee
     from raypeft.config.loading import validate_experiment
     from raypeft.data import prepare_task
     from raypeft.modeling.build import build_model
     from raypeft.training.datasets import ensure_features, split_dataset
-    from raypeft.training.optimizer import build_optimizer
 
     base = {
         "name": "idpg-cache-bench",
@@ -85,56 +92,50 @@ def build(args):
         "PT": build_model(pt_cfg, task),
     }
     models["on the fly"].load_state_dict(models["cached"].state_dict())
-    optimizers = {
-        k: build_optimizer(m, idpg_cfg if k != "PT" else pt_cfg) for k, m in models.items()
-    }
+    trainees = {k: Trainee.of(m, idpg_cfg if k != "PT" else pt_cfg) for k, m in models.items()}
     loader = torch.utils.data.DataLoader(
         split_dataset(task, idpg_cfg, "train"), batch_size=args.batch_size, shuffle=False
     )
     batches = [b for _, b in zip(range(args.steps + args.warmup), loader, strict=False)]
-    (name,) = idpg_cfg.method.feature_specs()
+    ((name, spec),) = idpg_cfg.method.feature_specs().items()
     info = {
         "encode_s": encode_s,
         "examples": n,
         "feature": name,
-        "model_json": idpg_cfg.model.model_dump_json(),
+        "spec": spec,
+        "model": idpg_cfg.model,
     }
     del np
-    return models, optimizers, batches, info
+    return trainees, batches, info
 
 
-def encode_on_the_fly(model_json: str, batch):
+def encode_on_the_fly(info: dict, batch: dict):
     """M(x) by an extra no-grad forward of the frozen backbone: the cost the cache removes.
 
-    The encoder is the one the driver-side computation uses (the un-prompted base model: the
-    trial's own backbone carries the prompt hooks), loaded once and kept.
+    The encoding is the driver's own (the feature's public ``compute`` on the un-prompted,
+    cached frozen backbone: the trial's own backbone carries the prompt hooks), on this batch.
     """
     import torch
 
-    from raypeft.methods.idpg.sentence_encoders import _frozen_encoder, pool
+    from raypeft.modeling.backbones import frozen_backbone
 
-    encoder, _, _ = _frozen_encoder(model_json)
     keys = ("input_ids", "attention_mask", "token_type_ids")
-    with torch.no_grad():
-        hidden = encoder(**{k: batch[k] for k in keys if k in batch}).last_hidden_state
-        return pool(hidden, batch["attention_mask"], "mean")
+    arrays = {k: batch[k].numpy() for k in keys if k in batch}
+    encoded = info["spec"].compute([], arrays, frozen_backbone(info["model"]))
+    return torch.as_tensor(encoded)
 
 
-def step(model, optimizer, batch, kind: str, info: dict) -> float:
-    import torch
+def step(trainee, batch, kind: str, info: dict) -> None:
+    """One training step of ``kind``: IDPG reading the cached M(x), IDPG computing it first
+    ("on the fly"), or PT (which reads no features)."""
+    from benchmarks.common.training import training_step
 
-    start = time.perf_counter()
     if kind == "on the fly":
-        fly = encode_on_the_fly(info["model_json"], batch)
+        fly = encode_on_the_fly(info, batch)
         batch = {**batch, "features": {info["feature"]: fly}}
     elif kind == "PT":
         batch = {k: v for k, v in batch.items() if k != "features"}
-    loss = model(**batch).loss
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    return time.perf_counter() - start
+    training_step(trainee, batch)
 
 
 def main() -> None:
@@ -151,38 +152,30 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    models, optimizers, batches, info = build(args)
-    kinds = list(models)
-    for m in models.values():
-        m.train()
+    trainees, batches, info = build(args)
+    kinds = list(trainees)
+    for trainee in trainees.values():
+        trainee.model.train()
     # check once that the on-the-fly encoding is the cached one (same numbers, same path)
     first = batches[0]
-    fly = encode_on_the_fly(info["model_json"], first)
+    fly = encode_on_the_fly(info, first)
     cached = first["features"][info["feature"]]
     assert torch.allclose(fly, cached, atol=1e-4), "on-the-fly M(x) differs from the cache"
 
-    times = {k: [] for k in kinds}
-    for i, batch in enumerate(batches):
-        order = kinds[i % 3 :] + kinds[: i % 3]  # rotate who goes first
-        for kind in order:
-            seconds = step(models[kind], optimizers[kind], batch, kind, info)
-            if i >= args.warmup:
-                times[kind].append(seconds)
+    def stepper(kind: str):
+        return lambda i: step(trainees[kind], batches[i], kind, info)
+
+    times = interleaved_seconds({k: stepper(k) for k in kinds}, args.steps, args.warmup)
 
     def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(times[a], times[b], strict=True))
+        return median_ratio(times[a], times[b])
 
     med = {k: statistics.median(v) for k, v in times.items()}
     print(
         f"M-IDPG-PHM vs PT (l=t=5), MiniLM s={args.max_length}, batch {args.batch_size}, "
         f"{args.threads} threads, {len(times['PT'])} interleaved steps each"
     )
-    print(f"{'step':<22}{'median s/step':>15}")
-    for kind in kinds:
-        label = {"cached": "IDPG, cached M(x)", "on the fly": "IDPG, M(x) every step"}.get(
-            kind, "PT, l=5"
-        )
-        print(f"{label:<22}{med[kind]:>15.4f}")
+    print_table(("step", "median s/step"), [(LABELS[k], f"{med[k]:.4f}") for k in kinds])
     print("ratios (median of per-round ratios):")
     print(f"  IDPG on the fly / IDPG cached   {ratio('on the fly', 'cached'):.2f}")
     print(f"  IDPG cached / PT                {ratio('cached', 'PT'):.2f}")

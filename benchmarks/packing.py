@@ -1,19 +1,20 @@
 """Trial packing at the step level: trials per hour and peak memory of a pack of K trials on one
 frozen backbone against K separate trials sharing the same hardware, per method, at real shapes.
 
-Backbones and methods are gpu_step.py's (random weights built from the real configs: nothing is
-downloaded; a step's time and memory do not depend on the weights' values), inputs random
-token ids of the full ``--seq-len``. For each backbone, method and K, every measurement in a
-fresh process (so that its peak memory is its own), started in this one run:
+Backbones and methods are :mod:`benchmarks.gpu_step`'s (random weights built from the real
+configs: nothing is downloaded; a step's time and memory do not depend on the weights'
+values), inputs random token ids of the full ``--seq-len``. For each backbone, method and K,
+every measurement in a fresh process (so that its peak memory is its own), started in this
+one run:
 
 - packed: one process holds one frozen backbone and K members, each with its own method
   tensors, head, AdamW state, schedule and clipping, and times the pack's training step
   (:func:`raypeft.training.pack.packed_step`: the K batches in one forward and backward
   pass, then each member's own optimizer step), with every thread / the whole GPU;
 - separate: K processes, each one trial stepping alone (the training loop's own step, as
-  gpu_step.py times it), started together and stepping concurrently: on a CPU each with
-  ``threads // K`` threads, as Ray gives each trial its share of the cores; on a GPU all on the
-  one device, as K trials of ``gpus_per_worker: 1/K`` (fractional GPUs) run.
+  :mod:`benchmarks.gpu_step` times it), started together and stepping concurrently: on a CPU
+  each with ``threads // K`` threads, as Ray gives each trial its share of the cores; on a GPU
+  all on the one device, as K trials of ``gpus_per_worker: 1/K`` (fractional GPUs) run.
 
 Trials per hour = total samples/s × 3600 / (``--trial-steps`` × batch size): trial-equivalents
 of a fixed length (evaluations not counted). Peak memory: CUDA's most allocated (separate: the
@@ -25,36 +26,29 @@ length are padded to the longest (raypeft.modeling.packed.PackShape.padding_wast
 It imports only torch, transformers, pydantic and raypeft's training core (no Ray, MLflow,
 Optuna or datasets), so it runs on a GPU machine that has none of them.
 
-    python benchmarks/packing.py                                  # everything, on the GPU if any
-    python benchmarks/packing.py --backbones minilm --methods pt --ks 1,2,4 --seq-len 64
+    python -m benchmarks.packing                                  # everything, on the GPU if any
+    python -m benchmarks.packing --backbones minilm --methods pt --ks 1,2,4 --seq-len 64
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import queue
-import statistics
-import sys
-import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # raypeft from this checkout
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu_step, beside this file
+from benchmarks import gpu_step
+from benchmarks.common.devices import device_line, pick_device
+from benchmarks.common.processes import measure_together, together
+from benchmarks.common.tables import markdown_table, right_aligned_after
+from benchmarks.gpu_step import Setting, say_flushed, timed_span
+from raypeft.modeling.backbones import Backbone
+from raypeft.modeling.packed import PackedBackbone, shared_copy
+from raypeft.modeling.precision import backbone_dtype, cast_frozen, resolve_precision
+from raypeft.modeling.prompted import PromptedModel
+from raypeft.training.pack import Learner, packed_step
 
-import gpu_step  # noqa: E402
-from gpu_step import Setting  # noqa: E402
-
-from raypeft.modeling.backbones import Backbone  # noqa: E402
-from raypeft.modeling.packed import PackedBackbone, shared_copy  # noqa: E402
-from raypeft.modeling.precision import backbone_dtype, cast_frozen, resolve_precision  # noqa: E402
-from raypeft.modeling.prompted import PromptedModel  # noqa: E402
-from raypeft.training.pack import Learner, packed_step  # noqa: E402
-
-BACKBONES = ["minilm", "roberta-base"]  # MiniLM and base size (gpu_step.py has more)
+BACKBONES = ["minilm", "roberta-base"]  # MiniLM and base size (gpu_step has more)
 KS = [1, 2, 4, 8, 16]
 
 
@@ -89,27 +83,12 @@ def time_pack(setting: Setting, k: int, device: torch.device, barrier=None) -> d
     batches = [gpu_step.random_batch(x.model, setting, device) for x in learners]
     for _ in range(setting.warmup):
         packed_step(pack, learners, batches)
-    gpu_step._sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    if barrier is not None:
-        barrier.wait()
-    times = []
-    start = time.perf_counter()
-    for _ in range(setting.steps):
-        begin = time.perf_counter()
-        outcome = packed_step(pack, learners, batches)
-        gpu_step._sync(device)
-        times.append(time.perf_counter() - begin)
-    end = time.perf_counter()
-    assert all(outcome.finite), "a member's loss is not finite"
-    return {
-        "step_s": statistics.median(times),
-        "start": start,
-        "end": end,
-        "samples": setting.steps * setting.batch_size * k,
-        "peak_mib": gpu_step._peak_mib(device),
-    }
+    outcomes = []
+    timed = timed_span(
+        lambda: outcomes.append(packed_step(pack, learners, batches)), setting, device, barrier
+    )
+    assert all(outcomes[-1].finite), "a member's loss is not finite"
+    return timed | {"samples": setting.steps * setting.batch_size * k}
 
 
 # ----------------------------------------------------------------------------- processes
@@ -129,77 +108,58 @@ def run(kind: str, setting: Setting, device: torch.device, k: int, threads: int)
     total samples/s over the span from the first start to the last end, summed peak memory."""
     processes = 1 if kind == "pack" else k
     per = threads if kind == "pack" else max(1, threads // k)
-    ctx = mp.get_context("spawn")  # CUDA cannot be forked
-    barrier, results = ctx.Barrier(processes), ctx.Queue()
-    args = (kind, setting, k, str(device), per, barrier, results)
-    procs = [ctx.Process(target=_worker, args=args) for _ in range(processes)]
-    for proc in procs:
-        proc.start()
-    got = [_result(results, procs) for _ in procs]
-    for proc in procs:
-        proc.join()
-    results.close()
-    span = max(r["end"] for r in got) - min(r["start"] for r in got)
-    return {
-        "samples_per_s": sum(r["samples"] for r in got) / span,
-        "step_s": statistics.mean(r["step_s"] for r in got),
-        "peak_mib": sum(r["peak_mib"] or 0 for r in got) or None,
-    }
-
-
-def _result(results, procs) -> dict:
-    """The next process's result; fails (instead of waiting forever) when one died."""
-    while True:
-        try:
-            return results.get(timeout=5)
-        except queue.Empty:
-            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-            if dead:
-                for proc in procs:
-                    proc.kill()
-                raise RuntimeError(f"a measuring process failed (exit {dead[0]})") from None
+    got = measure_together(_worker, [(kind, setting, k, str(device), per)] * processes)
+    return together(got) | {"peak_mib": sum(r["peak_mib"] or 0 for r in got) or None}
 
 
 # ----------------------------------------------------------------------------- table
 
 HEADER = (
-    "| backbone | method | precision | K | pack step ms | pack trials/h | separate trials/h "
-    "| × | pack peak MiB | separate peak MiB | memory × | Δ/member MiB |"
-)
+    "backbone", "method", "precision", "K", "pack step ms", "pack trials/h", "separate trials/h",
+    "×", "pack peak MiB", "separate peak MiB", "memory ×", "Δ/member MiB",
+)  # fmt: skip
 
 
 def _cell(value: float | None, fmt: str = ",.0f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
+def row_cells(setting: Setting, k: int, packed: dict, separate: dict, trial_steps: int, first):
+    """One row's cells: packed against separate, and what each member beyond the first adds
+    to the pack's peak (``first``: the peak of the pack of one)."""
+    per_trial = trial_steps * setting.batch_size  # samples one trial trains on
+    pack_h = packed["samples_per_s"] * 3600 / per_trial
+    separate_h = separate["samples_per_s"] * 3600 / per_trial
+    peak, apart = packed["peak_mib"], separate["peak_mib"]
+    growth = (peak - first) / (k - 1) + 0.0 if peak and first and k > 1 else None
+    memory = f"{peak / apart:.2f}×" if peak and apart else "-"
+    return [
+        setting.backbone, setting.method, setting.precision, str(k),
+        f"{1000 * packed['step_s']:.1f}", _cell(pack_h), _cell(separate_h),
+        f"{pack_h / separate_h:.2f}×", _cell(peak), _cell(apart), memory, _cell(growth),
+    ]  # fmt: skip
+
+
 def table(settings: list[Setting], device, ks: list[int], threads: int, trial_steps: int, say):
     """One row per backbone × method × K: packed and separate measured side by side."""
-    say(HEADER)
-    say("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    rows = []
+    rows, cells = [], []
     for setting in settings:
         why = gpu_step.applicable(setting, device)
         if why:
-            say(f"| {setting.backbone} | {setting.method} | {setting.precision} | n/a: {why} |")
+            cells.append([setting.backbone, setting.method, setting.precision, f"n/a: {why}"])
             continue
-        per_trial = trial_steps * setting.batch_size  # samples one trial trains on
         first_peak = None
         for k in ks:
             packed = run("pack", setting, device, k, threads)
             separate = run("separate", setting, device, k, threads)
-            pack_h = packed["samples_per_s"] * 3600 / per_trial
-            separate_h = separate["samples_per_s"] * 3600 / per_trial
-            peak, apart = packed["peak_mib"], separate["peak_mib"]
-            first_peak = first_peak if first_peak is not None else (peak if k == 1 else None)
-            growth = (peak - first_peak) / (k - 1) + 0.0 if peak and first_peak and k > 1 else None
-            memory = f"{peak / apart:.2f}×" if peak and apart else "-"
-            say(
-                f"| {setting.backbone} | {setting.method} | {setting.precision} | {k} | "
-                f"{1000 * packed['step_s']:.1f} | {_cell(pack_h)} | {_cell(separate_h)} | "
-                f"{pack_h / separate_h:.2f}× | {_cell(peak)} | {_cell(apart)} | {memory} | "
-                f"{_cell(growth)} |"
-            )
+            if k == 1:
+                first_peak = packed["peak_mib"]
+            cells.append(row_cells(setting, k, packed, separate, trial_steps, first_peak))
+            ratio = cells[-1][7]
+            say(f"  measured {setting.backbone} {setting.method} K={k}: {ratio} the trials/h")
             rows.append({**setting.__dict__, "k": k, "packed": packed, "separate": separate})
+    cells = [c + [""] * (len(HEADER) - len(c)) for c in cells]
+    say(markdown_table(HEADER, cells, right_aligned_after(3, len(HEADER))))
     return rows
 
 
@@ -220,15 +180,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _say(*args) -> None:
-    print(*args, flush=True)  # rows appear as they are measured, also when redirected
-
-
-def main(argv: list[str] | None = None, say=_say) -> dict:
+def main(argv: list[str] | None = None, say=say_flushed) -> dict:
+    """Measure every backbone × method × K asked for; return what was measured."""
     args = parse_args(argv)
-    device = torch.device(
-        ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    )
+    device = pick_device(args.device)
     threads = args.threads or os.cpu_count() or 1
     precision = resolve_precision(args.precision, device)
     backbones = ["tiny"] if args.tiny else args.backbones.split(",")
@@ -237,14 +192,14 @@ def main(argv: list[str] | None = None, say=_say) -> dict:
         for b in backbones
         for m in args.methods.split(",")
     ]
-    say(f"Device: {gpu_step.device_line(device, threads)}")
+    say(f"Device: {device_line(device, threads)}")
     say(
         f"Each trial: batch {args.batch_size} × {args.seq_len} tokens (+ prompts), "
         f"{args.trial_steps} steps; median of {args.steps} steps after {args.warmup}\n"
     )
     ks = [int(k) for k in args.ks.split(",")]
     rows = table(settings, device, ks, threads, args.trial_steps, say)
-    return {"device": gpu_step.device_line(device, threads), "rows": rows}
+    return {"device": device_line(device, threads), "rows": rows}
 
 
 if __name__ == "__main__":

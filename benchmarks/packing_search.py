@@ -19,31 +19,30 @@ lengths m are padded to the pack's longest); the best trial's validation and tes
 ``--set k=v`` applies overrides to both searches as ``raypeft tune --set`` does, e.g. a tiny
 run to check it starts:
 
-    .venv/bin/python benchmarks/packing_search.py \\
+    .venv/bin/python -m benchmarks.packing_search \\
         --set train.max_steps=4 --set train.eval_every=2 --set search.num_samples=4
 
 Absolute numbers depend on the (shared, 2-core) machine; read the ratios.
 
 How to run
 ----------
-    .venv/bin/python benchmarks/packing_search.py              # ~30 min on 2 cores
-    .venv/bin/python benchmarks/packing_search.py --k 2 --rounds 2
+    .venv/bin/python -m benchmarks.packing_search              # ~30 min on 2 cores
+    .venv/bin/python -m benchmarks.packing_search --k 2 --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-from whole_search import experiment_in, load_note, print_table, timed_search
+from benchmarks.common.machine import load_note
+from benchmarks.common.paths import REPO, SHIPPED_SEARCH
+from benchmarks.common.searches import experiment_in, quiet_and_local, timed_search
+from benchmarks.common.tables import print_table
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
-SPACE = REPO / "search_spaces" / "dept.yaml"
+SPACE = SHIPPED_SEARCH
 
 
 def search_config(k: int, overrides: list[str], tmp: Path, round_no: int):
@@ -112,8 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    quiet_and_local()
     order = [1, args.k] if args.rounds == 1 else [1, args.k, args.k, 1]
     print(f"== {SPACE.relative_to(REPO)} with --set {args.set or '(none)'}; order K={order}")
     results: dict[int, list[dict]] = {1: [], args.k: []}

@@ -3,15 +3,15 @@
 What it measures
 ----------------
 Part A (steps): a MiniLM training step (batch 16, s=64, frozen backbone; forward, backward,
-gradient clipping and AdamW step through ``raypeft.training.optimizer.optimizer_step``, as the
-training loop does) for PT (l=40) and DePT (m=40 within PT's l=100 budget), each built by
+gradient clipping, AdamW step and schedule through ``raypeft.training.optimizer.optimizer_step``,
+as the training loop does) for PT (l=40) and DePT (m=40 within PT's l=100 budget), each built by
 ``raypeft.modeling.build.build_model`` once in fp32 and once in the low precision ``auto``
 resolves to on this machine (bf16 on a CPU with AVX512-BF16 or AMX, or a GPU of compute
 capability >= 8; where ``auto`` resolves to fp32 Part A compares fp32 with explicit bf16), and
 a third time with its frozen weights cast to bf16 as well (the layout used on GPUs; on a CPU
 raypeft keeps them fp32 under autocast, which this column justifies).
 After ``--warmup`` steps each, the timed steps ALTERNATE between fp32 and low precision step
-by step (the order flips every round), so slow phases of a shared machine hit both alike.
+by step (the order rotates every round), so slow phases of a shared machine hit both alike.
 Reported: the median step time of each and the median of its per-round ratios to fp32.
 
 Part B (whole searches): ``search_spaces/dept.yaml`` (the README's main command, ``raypeft
@@ -24,35 +24,33 @@ precision: wall time (mean over rounds), the ratio auto/fp32, and the best trial
 and test accuracy (the test split is scored once, for the best configuration). ``--set k=v``
 applies overrides exactly as ``raypeft tune --set`` does: e.g. a tiny run to check it starts:
 
-    .venv/bin/python benchmarks/precision_search.py --skip-steps \\
+    .venv/bin/python -m benchmarks.precision_search --skip-steps \\
         --set train.max_steps=4 --set train.eval_every=2 --set search.num_samples=2
 
 Absolute numbers depend on the (shared, 2-core) machine; read the ratios.
 
 How to run
 ----------
-    .venv/bin/python benchmarks/precision_search.py                 # Part A and Part B (~25 min)
-    .venv/bin/python benchmarks/precision_search.py --skip-search   # Part A only (~3 min)
-    .venv/bin/python benchmarks/precision_search.py --skip-steps --rounds 2
+    .venv/bin/python -m benchmarks.precision_search                 # Part A and Part B (~25 min)
+    .venv/bin/python -m benchmarks.precision_search --skip-search   # Part A only (~3 min)
+    .venv/bin/python -m benchmarks.precision_search --skip-steps --rounds 2
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from whole_search import experiment_in, load_note, print_table, timed_search
+from benchmarks.common.machine import load_note
+from benchmarks.common.paths import REPO, SHIPPED_SEARCH
+from benchmarks.common.searches import experiment_in, quiet_and_local, timed_search
+from benchmarks.common.tables import print_table
+from benchmarks.common.timing import interleaved_seconds, median_ratio
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run from a checkout without installing
-
-SPACE = REPO / "search_spaces" / "dept.yaml"
+SPACE = SHIPPED_SEARCH
 
 
 # ----------------------------------------------------------------------------- Part A: steps
@@ -88,33 +86,52 @@ def step_config(method: dict, precision: str):
 
 
 def timed_steps(models: dict, batch: dict, args: argparse.Namespace) -> dict[str, list[float]]:
-    """Alternate one step of each model per round (order flipped each round)."""
-    from raypeft.training.optimizer import optimizer_step
+    """One training step of each model per round, the order rotating every round."""
+    from benchmarks.common.training import training_step
 
-    def step(name: str) -> float:
-        model, optimizer, scheduler = models[name]
-        start = time.perf_counter()
-        loss = model(**batch).loss
-        optimizer_step(loss, model, optimizer, scheduler, 1.0)
-        return time.perf_counter() - start
+    def stepper(name: str):
+        return lambda _round: training_step(models[name], batch)
 
-    names = list(models)
-    for name in names:
-        for _ in range(args.warmup):
-            step(name)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for i in range(args.steps):
-        for name in names if i % 2 == 0 else names[::-1]:
-            times[name].append(step(name))
-    return times
+    return interleaved_seconds({name: stepper(name) for name in models}, args.steps, args.warmup)
+
+
+def models_for(method: dict, low: str) -> dict:
+    """The method's model in fp32, in ``low`` under autocast, and in ``low`` with its frozen
+    weights cast too (the GPU layout), each with what trains it."""
+    from benchmarks.common.training import Trainee
+    from raypeft.modeling.build import build_model
+    from raypeft.modeling.precision import cast_frozen, compute_dtype
+
+    models = {}
+    for variant in ("fp32", low, f"{low}-weights"):
+        precision = variant.removesuffix("-weights")
+        cfg = step_config(method, precision)
+        model = build_model(cfg, _Task(_Labels()), precision=precision)
+        if variant.endswith("-weights"):  # the layout a GPU uses: frozen weights in bf16
+            cast_frozen(model.backbone, compute_dtype(precision))
+        model.train()
+        models[variant] = Trainee.of(model, cfg)
+    return models
+
+
+def random_batch() -> dict:
+    """A batch of 16 random tweets' worth of token ids (s=64) and 3-class labels."""
+    import torch
+
+    gen = torch.Generator().manual_seed(0)
+    return {
+        "input_ids": torch.randint(1000, 20000, (16, 64), generator=gen),
+        "attention_mask": torch.ones(16, 64, dtype=torch.long),
+        "token_type_ids": torch.zeros(16, 64, dtype=torch.long),
+        "labels": torch.randint(0, 3, (16,), generator=gen),
+    }
 
 
 def part_a(args: argparse.Namespace) -> None:
+    """PT and DePT steps in fp32 against the low precision, alternating; then the table."""
     import torch
 
-    from raypeft.modeling.build import build_model
-    from raypeft.modeling.precision import cast_frozen, compute_dtype, resolve_precision
-    from raypeft.training.optimizer import build_optimizer, build_scheduler
+    from raypeft.modeling.precision import resolve_precision
 
     torch.set_num_threads(args.threads)
     auto = resolve_precision("auto", "cpu")
@@ -124,35 +141,18 @@ def part_a(args: argparse.Namespace) -> None:
         f"{auto} here; fp32 vs {low}, {args.steps} alternating steps after {args.warmup} warm-up",
         flush=True,
     )
-    gen = torch.Generator().manual_seed(0)
-    batch = {
-        "input_ids": torch.randint(1000, 20000, (16, 64), generator=gen),
-        "attention_mask": torch.ones(16, 64, dtype=torch.long),
-        "token_type_ids": torch.zeros(16, 64, dtype=torch.long),
-        "labels": torch.randint(0, 3, (16,), generator=gen),
-    }
+    batch = random_batch()
     methods = {
         "PT l=40": {"name": "pt", "prompt_length": 40},
         "DePT m=40": {"name": "dept", "budget_prompt_length": 100, "prompt_length": 40},
     }
     rows = []
     for label, method in methods.items():
-        models = {}
-        for variant in ("fp32", low, f"{low}-weights"):
-            precision = variant.removesuffix("-weights")
-            cfg = step_config(method, precision)
-            model = build_model(cfg, _Task(_Labels()), precision=precision)
-            if variant.endswith("-weights"):  # the layout a GPU uses: frozen weights in bf16
-                cast_frozen(model.backbone, compute_dtype(precision))
-            model.train()
-            optimizer = build_optimizer(model, cfg)
-            models[variant] = (model, optimizer, build_scheduler(optimizer, cfg.train))
-        times = timed_steps(models, batch, args)
+        times = timed_steps(models_for(method, low), batch, args)
         cells = [label, f"{statistics.median(times['fp32']) * 1000:.0f}"]
-        for variant in list(models)[1:]:
-            ratios = [b / a for a, b in zip(times["fp32"], times[variant], strict=True)]
+        for variant in list(times)[1:]:
             ms = statistics.median(times[variant]) * 1000
-            cells.append(f"{ms:.0f} ({statistics.median(ratios):.2f}x)")
+            cells.append(f"{ms:.0f} ({median_ratio(times[variant], times['fp32']):.2f}x)")
         rows.append(tuple(cells))
         print(f"  {label}: done{load_note()}", flush=True)
     print_table(
@@ -237,8 +237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    quiet_and_local()
     if not args.skip_steps:
         part_a(args)
     if not args.skip_search:

@@ -25,10 +25,10 @@ a grid file still reproduces on today's code.
 
 Usage::
 
-    python benchmarks/search_efficiency.py --data-dir ../shared/data     # or RAYPEFT_SHARED_DATA
-    python benchmarks/search_efficiency.py --data-dir ../shared/data --tpe-seeds 0,1,2 \\
+    python -m benchmarks.search_efficiency --data-dir ../shared/data     # or RAYPEFT_SHARED_DATA
+    python -m benchmarks.search_efficiency --data-dir ../shared/data --tpe-seeds 0,1,2 \\
         --grid-from benchmarks/results/search_efficiency_grid_subj.json
-    python benchmarks/search_efficiency.py --data-dir ../shared/data --check 0.3,1e-4,20
+    python -m benchmarks.search_efficiency --data-dir ../shared/data --check 0.3,1e-4,20
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchmarks.common.tables import print_table as print_markdown
 
 ALPHA1 = [3e-1, 4e-1, 5e-1]
 ALPHA2 = [1e-4, 5e-4, 1e-3, 5e-3]
@@ -275,20 +277,30 @@ def tpe_search(args, seed: int) -> dict:
     )
 
 
+SEARCH_HEADER = (
+    "search", "trials (to the end)", "answered from study", "trial-steps", "compute / grid",
+    "best val", "points below grid", "wall / grid",
+)  # fmt: skip
+
+
 def print_table(results: list[dict]) -> None:
     """Side by side against the grid (the first row), then the median over TPE seeds."""
     grid = results[0]
-    print(
-        "\n| search | trials (to the end) | answered from study | trial-steps | compute / grid "
-        "| best val | points below grid | wall / grid |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(
-            f"| {r['label']} | {r['trials']} ({r['full']}) | {r.get('answered', 0)} | "
-            f"{r['steps']:,} | {r['steps'] / grid['steps']:.2f} | {100 * r['best']:.2f} | "
-            f"{100 * (grid['best'] - r['best']):+.2f} | {r['wall'] / grid['wall']:.2f} |"
-        )
+    rows = [
+        (
+            r["label"],
+            f"{r['trials']} ({r['full']})",
+            str(r.get("answered", 0)),
+            f"{r['steps']:,}",
+            f"{r['steps'] / grid['steps']:.2f}",
+            f"{100 * r['best']:.2f}",
+            f"{100 * (grid['best'] - r['best']):+.2f}",
+            f"{r['wall'] / grid['wall']:.2f}",
+        )  # fmt: skip
+        for r in results
+    ]
+    print()
+    print_markdown(SEARCH_HEADER, rows)
     tpe = results[1:]
     if not tpe:
         return

@@ -19,8 +19,8 @@ What it measures
 
 Usage::
 
-    python benchmarks/system_metrics_overhead.py               # ~5 minutes on 2 cores
-    python benchmarks/system_metrics_overhead.py --rounds 6 --interval 0.5   # a stress test
+    python -m benchmarks.system_metrics_overhead               # ~5 minutes on 2 cores
+    python -m benchmarks.system_metrics_overhead --rounds 6 --interval 0.5   # a stress test
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ import argparse
 import statistics
 import tempfile
 import time
-from pathlib import Path
+
+from benchmarks.common.paths import SHIPPED_SEARCH
 
 DEFAULT_SEARCH_S = 528.0  # README "Measured": the default search, 2 cores
 DEFAULT_SEARCH_REPORTS = 19  # reports (evaluations) of that search's 12 trials
@@ -40,8 +41,7 @@ def trial_config(args):
 
     from raypeft.config.schema import ExperimentConfig
 
-    root = Path(__file__).resolve().parents[1]
-    raw = yaml.safe_load((root / "search_spaces" / "dept.yaml").read_text())
+    raw = yaml.safe_load(SHIPPED_SEARCH.read_text())
     raw["train"].update(max_steps=args.steps, eval_every=args.eval_every)
     raw["task"].update(max_eval_examples=args.eval_examples)
     raw["space"] = {}

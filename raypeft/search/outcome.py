@@ -57,6 +57,8 @@ class SearchSummary:
     optuna_study: str = ""
     constraints_met: bool = True
     published: Published | None = None  # the chosen model in MLflow (pyfunc, registry)
+    # seconds each phase took, in order (prepare, open_records, fit, analyse, finish)
+    phase_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -18,8 +18,9 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import optuna
@@ -169,6 +170,22 @@ class Records:
 
 
 @dataclass
+class PhaseClock:
+    """Seconds spent in each phase of a search, in order: what the summary reports as
+    ``phase_s`` (where a search's time went, without a profiler)."""
+
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+@dataclass
 class Fitted:
     """The search's Tune results, and the runner that trains the repeats (if any)."""
 
@@ -194,13 +211,21 @@ def run_experiment(
     start = time.time()
     opts = SearchOptions(address, quiet, source, printer, progress_interval, resume)
     records: Records | None = None
+    clock = PhaseClock()
     with Interrupts() as interrupts:  # Ctrl-C or SIGTERM: pause, resumable with --resume
         try:
-            prep = prepare(cfg, opts)
-            records = open_records(prep, opts)
-            fitted = fit(prep, records, opts)
-            outcome = analyse(prep, records, fitted, opts)
-            return finish(prep, records, outcome, opts, start)
+            with clock.phase("prepare"):
+                prep = prepare(cfg, opts)
+            with clock.phase("open_records"):
+                records = open_records(prep, opts)
+            with clock.phase("fit"):
+                fitted = fit(prep, records, opts)
+            with clock.phase("analyse"):
+                outcome = analyse(prep, records, fitted, opts)
+            with clock.phase("finish"):
+                summary = finish(prep, records, outcome, opts, start)
+            summary.phase_s = clock.seconds
+            return summary
         except (KeyboardInterrupt, SearchInterrupted):
             with interrupts.deferred():
                 raise pause(records, interrupts.signum or signal.SIGINT) from None

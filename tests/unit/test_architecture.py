@@ -1,7 +1,9 @@
 """The layout is the architecture, enforced: the import-linter contracts hold (layer order,
-a training core without Ray, MLflow or Optuna), no import cycles, short functions, and the
-training core runs where only torch, transformers and pydantic (and a few small packages) are
-installed, as on the GPU benchmark machines.
+a training core without Ray, MLflow or Optuna, benchmarks above raypeft and never imported by
+it), no import cycles, short functions, and the training core runs where only torch,
+transformers and pydantic (and a few small packages) are installed, as on the GPU benchmark
+machines. benchmarks/ keeps the library's rules too: no cycles, functions of at most 80 lines,
+no ``sys.path`` edits, a common module that imports no study.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "raypeft"
+BENCHMARKS = REPO / "benchmarks"  # a package too, run as python -m benchmarks.<study>
 MAX_FUNCTION_LINES = 80
 # Absent on the GPU machines; the training core must neither import nor need them.
 ABSENT_ON_GPU_MACHINES = ("ray", "mlflow", "optuna", "datasets", "sklearn", "scipy")
@@ -22,8 +25,8 @@ TRAINING_CORE = ("training", "data", "modeling", "methods", "config", "errors")
 
 
 def test_import_linter_contracts_are_kept():
-    """`lint-imports` (the contracts in pyproject.toml) passes: the layer order, and no Ray,
-    MLflow or Optuna below tracking."""
+    """`lint-imports` (the contracts in pyproject.toml) passes: the layer order, no Ray,
+    MLflow or Optuna below tracking, and raypeft imports nothing of benchmarks."""
     lint_imports = Path(sys.executable).with_name("lint-imports")
     assert lint_imports.is_file(), "import-linter is not installed: pip install -e '.[dev]'"
     result = subprocess.run(
@@ -65,9 +68,9 @@ def _imports(path: Path, module: str, modules: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Every raypeft module and the raypeft modules it imports."""
-    files = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Every module of ``package`` (raypeft, or benchmarks) and the modules of it it imports."""
+    files = {_module_name(p): p for p in package.rglob("*.py")}
     return {m: _imports(p, m, set(files)) for m, p in files.items()}
 
 
@@ -107,23 +110,52 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles_counting_function_level_imports():
-    graph = import_graph()
-    assert "raypeft.config.schema" in graph["raypeft.training.loop"]  # the graph sees imports
-    # a package's __init__ importing its own submodules, which import each other, is no cycle
-    # of concern (the rule of the issue's structure script)
-    found = [c for c in cycles(graph) if not all(m.startswith(c[0]) for m in c)]
-    assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+    for package in (PACKAGE, BENCHMARKS):
+        graph = import_graph(package)
+        # a package's __init__ importing its own submodules, which import each other, is no
+        # cycle of concern (the rule of the issue's structure script)
+        found = [c for c in cycles(graph) if not all(m.startswith(c[0]) for m in c)]
+        assert found == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+    assert "raypeft.config.schema" in import_graph()["raypeft.training.loop"]  # it sees imports
+
+
+def test_benchmarks_common_imports_no_study():
+    """What the studies share depends on none of them (a study imports common, not back)."""
+    graph = import_graph(BENCHMARKS)
+    assert "benchmarks.common.tables" in graph["benchmarks.dept_vs_pt"]  # the graph sees them
+    wrong = {
+        module: sorted(m for m in imported if not m.startswith("benchmarks.common"))
+        for module, imported in graph.items()
+        if module.startswith("benchmarks.common")
+    }
+    assert {m: i for m, i in wrong.items() if i} == {}
 
 
 def test_no_function_is_over_80_lines():
+    """In raypeft/ and in benchmarks/ alike."""
     long = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted([*PACKAGE.rglob("*.py"), *BENCHMARKS.rglob("*.py")]):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines})")
     assert long == [], f"functions over {MAX_FUNCTION_LINES} lines: " + ", ".join(long)
+
+
+def test_benchmarks_edit_no_sys_path():
+    """Benchmarks import raypeft and each other as packages (``python -m benchmarks.<study>``
+    from the repository root), never by putting folders on ``sys.path``."""
+    edits = [
+        f"{path.relative_to(REPO)}:{node.lineno}"
+        for path in sorted(BENCHMARKS.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute)
+        and node.attr == "path"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "sys"
+    ]
+    assert edits == [], "sys.path used in " + ", ".join(edits)
 
 
 # Runs in a fresh interpreter where importing any of ABSENT_ON_GPU_MACHINES fails.

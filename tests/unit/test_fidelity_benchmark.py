@@ -1,6 +1,7 @@
-"""benchmarks/fidelity.py end to end at a tiny setting (tiny random BERT, a dozen examples per
-split, 4 steps): the benchmark's three parts, resuming after an interruption without training
-a finished run again, --report, and --calibrate; plus its planning rules, without training."""
+"""``python -m benchmarks.fidelity`` end to end at a tiny setting (tiny random BERT, a dozen
+examples per split, 4 steps): the benchmark's three parts, resuming after an interruption
+without training a finished run again, --report, and --calibrate; plus its planning rules,
+without training."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.fidelity import plan as fidelity_plan
+
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "fidelity.py"
+MODULE = "benchmarks.fidelity"
 SINGLE = ("mr", "sst2", "mpqa")  # {"sentence", "label"}
 PAIRS = ("mrpc", "stsb")  # {"sentence1", "sentence2", "label"}
 OTHER = ("trec", "cola")  # tasks of the shared data the benchmark leaves out unless named
@@ -53,7 +56,7 @@ def _corpus(folder: Path) -> Path:
 def _fidelity(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAYPEFT_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, "-m", MODULE, *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -110,7 +113,7 @@ def test_tiny_benchmark_runs_resumes_and_reports(tmp_path):
     assert "| DePT ≥ PT |" in report and "| M-IDPG-PHM ≥ PT |" in report
     assert "| 100 | 0 |" in report and "| 20 |" in report  # PT as m=100, DePT m=20
     assert "| lowrank_init: official vs paper | DePT | mr |" in report
-    assert "python benchmarks/fidelity.py --data-dir" in report and "--steps 4" in report
+    assert "python -m benchmarks.fidelity --data-dir" in report and "--steps 4" in report
 
 
 def _is_json(line: str) -> bool:
@@ -153,7 +156,7 @@ def test_tiny_benchmark_runs_on_the_shared_data_s_other_tasks(tmp_path):
 
 def test_an_unknown_task_is_refused_in_one_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--report", "--tasks", "mr,qqq"],
+        [sys.executable, "-m", MODULE, "--report", "--tasks", "mr,qqq"],
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -165,15 +168,6 @@ def test_an_unknown_task_is_refused_in_one_line(tmp_path):
 
 
 # ------------------------------------------------------------------ planning, without training
-
-
-def _plan_module():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import fidelity_plan
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-    return fidelity_plan
 
 
 def _setting(fp):
@@ -191,7 +185,7 @@ def _finished(fp, setting, run, val, accuracy=None, majority=0.5) -> dict:
 
 
 def test_the_rate_is_chosen_on_validation_once_its_grid_has_finished():
-    fp = _plan_module()
+    fp = fidelity_plan
     setting = _setting(fp)
     plan = fp.Plan(("mr",), ("PT", "DePT"), 2, 3, 10, ("mr",), (20, 60), ("mr",))
     grid = fp.grid_runs(plan)
@@ -218,7 +212,7 @@ def test_the_rate_is_chosen_on_validation_once_its_grid_has_finished():
 
 
 def test_calibration_stops_at_the_first_count_where_pt_left_the_majority_class():
-    fp = _plan_module()
+    fp = fidelity_plan
     setting = _setting(fp)
     plan = fp.Plan(("mr",), ("PT",), 1, 1, 10, (), (), (), ("sst2", "mpqa"), (2, 4, 8), 0.02)
     records: dict = {}

@@ -1,6 +1,7 @@
-"""benchmarks/gpu_step.py runs where only torch, transformers, pydantic and raypeft's training
-core are installed (the GPU machines): on the CPU, at a tiny setting, with Ray, MLflow, Optuna
-and datasets made unimportable in the benchmark's process and in the K processes it starts."""
+"""``python -m benchmarks.gpu_step`` runs where only torch, transformers, pydantic, tabulate and
+raypeft's training core are installed (the GPU machines): on the CPU, at a tiny setting, with
+Ray, MLflow, Optuna and datasets made unimportable in the benchmark's process and in
+the K processes it starts."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "gpu_step.py"
+MODULE = "benchmarks.gpu_step"
 ABSENT_ON_GPU_MACHINES = ("ray", "mlflow", "optuna", "datasets")
 METHODS = ("pt", "dept", "prefix", "idpg", "ipt")
 
@@ -35,7 +36,7 @@ def test_gpu_step_runs_without_ray_mlflow_optuna_datasets(tmp_path):
     args = ["--tiny", "--steps", "2", "--warmup", "1", "--batch-size", "4", "--seq-len", "16"]
     args += ["--share", "1,2", "--share-methods", "pt", "--share-precisions", "bf16"]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, "-m", MODULE, *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,

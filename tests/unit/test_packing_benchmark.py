@@ -1,6 +1,7 @@
-"""benchmarks/packing.py runs where only torch, transformers, pydantic and raypeft's training
-core are installed (the GPU machines): on the CPU, at a tiny setting, with Ray, MLflow, Optuna
-and datasets made unimportable in the benchmark's process and in the processes it starts."""
+"""``python -m benchmarks.packing`` runs where only torch, transformers, pydantic, tabulate and
+raypeft's training core are installed (the GPU machines): on the CPU, at a tiny setting, with
+Ray, MLflow, Optuna and datasets made unimportable in the benchmark's process and in
+the processes it starts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "packing.py"
+MODULE = "benchmarks.packing"
 ABSENT_ON_GPU_MACHINES = ("ray", "mlflow", "optuna", "datasets")
 
 
@@ -31,7 +32,7 @@ def test_packing_benchmark_prints_packed_against_separate_trials(tmp_path):
     args = ["--tiny", "--methods", "pt", "--ks", "1,2", "--steps", "2", "--warmup", "1"]
     args += ["--batch-size", "4", "--seq-len", "16", "--precision", "fp32"]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
+        [sys.executable, "-m", MODULE, *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,

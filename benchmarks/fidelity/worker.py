@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from fidelity_plan import METHODS, Run, Setting, run_config
 from safetensors.torch import load_file
 
+from benchmarks.fidelity.plan import METHODS, Run, Setting, run_config
 from raypeft.config.loading import validate_experiment
 from raypeft.config.schema import ModelConfig
 from raypeft.data import TokenizedTask, prepare_task

@@ -1,7 +1,7 @@
 """What the fidelity benchmark trains, and how each run is named in its results file.
 
 No torch here: planning runs in the parent process, before and between the trainings, and
-``--report`` reads the results file with this module and :mod:`fidelity_report` only.
+``--report`` reads the results file with this module and :mod:`benchmarks.fidelity.report` only.
 
 A run is identified by its setting (what every run of one benchmark shares: backbone, length,
 budget, data caps, evaluations per run) plus its task, method, learning rate, seed, step count

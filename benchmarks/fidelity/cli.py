@@ -17,7 +17,7 @@ slot, on which PT never left the majority class: docs/fidelity.md).
 Parts, all in one command:
 
 1. **Main table** (8 tasks × 4 methods × 3 seeds). Each method's learning rates (``--lrs``
-   of its grid, ``fidelity_plan.METHODS``) train with seed 0; the best by validation is kept
+   of its grid, ``plan.METHODS``) train with seed 0; the best by validation is kept
    per task and trained again with seeds 1 and 2. Each run keeps its best checkpoint by
    validation (``--evals`` evaluations per run) and is scored once on test. Reported: mean ±
    std per task and method, and whether DePT ≥ PT and IDPG ≥ PT hold (mean Δ over tasks,
@@ -54,13 +54,13 @@ cluster and for each worker actor) or its object store.
 
 Usage::
 
-    python benchmarks/fidelity.py --data-dir ../shared/data --calibrate   # first: the steps
-    python benchmarks/fidelity.py --data-dir ../shared/data               # the benchmark
-    python benchmarks/fidelity.py --data-dir ../shared/data --report      # its tables
-    python benchmarks/fidelity.py --data-dir ../shared/data --estimate    # the cost only
-    python benchmarks/fidelity.py --data-dir ../shared/data --tasks trec,cola --results X
+    python -m benchmarks.fidelity --data-dir ../shared/data --calibrate   # first: the steps
+    python -m benchmarks.fidelity --data-dir ../shared/data               # the benchmark
+    python -m benchmarks.fidelity --data-dir ../shared/data --report      # its tables
+    python -m benchmarks.fidelity --data-dir ../shared/data --estimate    # the cost only
+    python -m benchmarks.fidelity --data-dir ../shared/data --tasks trec,cola --results X
                                           # the shared data's tasks the benchmark leaves out
-    python benchmarks/fidelity.py --tiny --data-dir DIR                   # tests: tiny model
+    python -m benchmarks.fidelity --tiny --data-dir DIR                   # tests: tiny model
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
 
-from fidelity_plan import (
+from benchmarks.common.paths import RESULTS as RESULTS_FOLDER
+from benchmarks.common.tables import markdown_table
+from benchmarks.fidelity.plan import (
     CALIBRATION_TASKS,
     DEPT_M,
     METHODS,
@@ -95,9 +97,9 @@ from fidelity_plan import (
     full_benchmark,
     records_of,
 )
-from fidelity_report import TARGET_HOURS, benchmark_report, calibration_report, fits_line
+from benchmarks.fidelity.report import TARGET_HOURS, benchmark_report, calibration_report, fits_line
 
-RESULTS = Path(__file__).resolve().parent / "results" / "fidelity.jsonl"
+RESULTS = RESULTS_FOLDER / "fidelity.jsonl"
 # --steps: what `--calibrate` found on the quiet 2-core machine at batch 8 (2026-11-24: PT
 # left the majority class on SST-2, MPQA and MRPC at 75 steps, not at 50; docs/fidelity.md)
 FULL = dict(
@@ -219,7 +221,7 @@ def setting_of(args: argparse.Namespace, hidden_size: int) -> Setting:
 
 def command_line(args: argparse.Namespace, mode: str = "") -> str:
     """The command that reproduces this benchmark, every setting spelled out."""
-    words = ["python", "benchmarks/fidelity.py", "--data-dir", args.data_dir or "DIR"]
+    words = ["python", "-m", "benchmarks.fidelity", "--data-dir", args.data_dir or "DIR"]
     words += ["--tiny"] if args.tiny else []
     for key in [
         "tasks", "methods", "lrs", "seeds", "steps", "curve_tasks", "curve_m", "ablation_tasks",
@@ -311,12 +313,12 @@ def estimate_wall(
 
 def timing_table(timings: dict[str, Timing]) -> list[str]:
     """The measured costs per method (``--estimate``)."""
-    lines = ["| method | s / training step | ms / evaluated example | s / run besides |"]
-    lines.append("|---|---|---|---|")
-    for method, t in timings.items():
-        row = f"{t.step_s:.3f} | {1000 * t.eval_example_s:.1f} | {t.fixed_s:.1f}"
-        lines.append(f"| {method} | {row} |")
-    return lines
+    header = ("method", "s / training step", "ms / evaluated example", "s / run besides")
+    rows = [
+        (method, f"{t.step_s:.3f}", f"{1000 * t.eval_example_s:.1f}", f"{t.fixed_s:.1f}")
+        for method, t in timings.items()
+    ]
+    return markdown_table(header, rows).splitlines()
 
 
 def hours(seconds: float) -> str:
@@ -347,7 +349,7 @@ class Runner:
         missing = [m for m in plan.methods if m not in self.timings()]
         if not missing:
             return
-        from fidelity_worker import probe_run  # why: --report runs without torch
+        from benchmarks.fidelity.worker import probe_run  # why: --report runs without torch
 
         steps = self.args.probe_steps
         runs = [Run(self.probe_task, m, plan.grid(m)[0], 0, steps) for m in missing]
@@ -369,7 +371,7 @@ class Runner:
         """Run what ``release(records)`` returns, again after each result, until nothing is
         left; append each record as it arrives (``everything(records)``: all the runs, for
         the progress line). Returns the number of runs that raised."""
-        from fidelity_worker import train_run  # why: --report runs without torch
+        from benchmarks.fidelity.worker import train_run  # why: --report runs without torch
 
         results: queue.SimpleQueue = queue.SimpleQueue()
         submitted, in_flight, errors, start = set(), 0, 0, time.time()
@@ -469,7 +471,7 @@ def run_calibration(args, plan: Plan, runner: Runner) -> list[str]:
 
 def train_and_report(args, plan: Plan, store: ResultStore) -> list[str]:
     """Prepare the tasks in this process, start the workers, run the mode."""
-    import fidelity_worker  # why: --report runs without torch
+    from benchmarks.fidelity import worker as fidelity_worker  # why: --report: no torch
 
     setting = setting_of(args, fidelity_worker.hidden_size(args.model))
     data_dir = args.data_path

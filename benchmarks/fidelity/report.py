@@ -11,7 +11,7 @@ import math
 import statistics
 from collections.abc import Callable
 
-from fidelity_plan import (
+from benchmarks.fidelity.plan import (
     ABLATIONS,
     DEPT_M,
     Plan,

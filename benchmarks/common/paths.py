@@ -1,0 +1,9 @@
+"""Where the benchmarks find the repository, its shipped search and their results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"  # measured results: data, read by docs and tests
+SHIPPED_SEARCH = REPO / "search_spaces" / "dept.yaml"  # the README's main command searches it

@@ -1,0 +1,64 @@
+"""Whole searches, as ``raypeft tune`` runs them (:func:`raypeft.search.run.run_experiment`):
+an experiment in a folder of its own, timed, with the seconds its phases took as the search
+reports them (``SearchSummary.phase_s``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def quiet_and_local() -> None:
+    """No usage stats, telemetry or tokenizer thread pools: a benchmark measures the search."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def experiment_in(space: Path, name: str, overrides: list[str], folder: Path):
+    """The experiment file ``space`` with ``overrides`` (as ``raypeft tune --set``), renamed
+    ``name``, its MLflow store and Ray results in ``folder``."""
+    from raypeft.config.loading import load_experiment  # why: --help starts fast
+
+    return load_experiment(
+        space,
+        [
+            *overrides,
+            f"name={name}",
+            f"tracking.uri=sqlite:///{folder / 'mlflow.db'}",
+            f"run.storage_path={folder / 'ray_results'}",
+        ],
+    )
+
+
+@contextmanager
+def working_directory(folder: Path):
+    """Run in ``folder``: MLflow's sqlite store puts artifacts in ./mlruns of it."""
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(cwd)
+
+
+def timed_search(cfg, folder: Path):
+    """Run the search ``cfg`` in ``folder`` and shut its Ray down, as one ``raypeft tune``
+    would; ``(summary, wall seconds)``."""
+    import ray  # why: the step benchmarks run where Ray is absent
+
+    from raypeft.search.run import run_experiment
+
+    with working_directory(folder):
+        start = time.perf_counter()
+        summary = run_experiment(cfg, quiet=True)
+        wall = time.perf_counter() - start
+        ray.shutdown()
+    return summary, wall
+
+
+def phases_line(summary) -> str:
+    """Where the search's time went, phase by phase: ``prepare 3.1 s, open_records ...``."""
+    return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in summary.phase_s.items())
