@@ -262,6 +262,21 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
             assert float(shown.inner_text()) == pytest.approx(
                 parent.data.metrics["test_accuracy"], abs=1e-6
             )
+
+            # as a Tune user reads a trial table: stopped early or not, and the searched params
+            def column(col_id: str, run_id: str):
+                header = page.locator(f'.ag-header-cell[col-id="{col_id}"]')
+                header.scroll_into_view_if_needed(timeout=UI_TIMEOUT_MS)
+                expect(header).to_be_visible()
+                return page.locator(
+                    f'.ag-center-cols-container [row-id="{run_id}"] [col-id="{col_id}"]'
+                )
+
+            for trial in trials:
+                stopped = column("tags.`raypeft.stopped_early`", trial.info.run_id)
+                expect(stopped).to_have_text(trial.data.tags["raypeft.stopped_early"])
+                lr = column("params.`method.lr_prompt`", trial.info.run_id)
+                expect(lr).to_have_text(trial.data.params["method.lr_prompt"])
             runs_png = shots / "runs-training-view.png"
             page.screenshot(path=str(runs_png))
 
