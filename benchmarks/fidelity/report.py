@@ -11,6 +11,7 @@ import math
 import statistics
 from collections.abc import Callable
 
+from benchmarks.common.tables import markdown_table
 from benchmarks.fidelity.plan import (
     ABLATIONS,
     DEPT_M,
@@ -25,6 +26,11 @@ from benchmarks.fidelity.plan import (
 )
 
 CLAIMS = (("DePT", "PT"), ("M-IDPG-PHM", "PT"))  # the papers' claims: left ≥ right
+
+
+def table_lines(header: list[str], rows: list[list]) -> list[str]:
+    """A markdown table through the benchmarks' one formatter, as lines."""
+    return markdown_table(header, [[str(c) for c in row] for row in rows]).splitlines()
 
 
 def cell(values: list[float]) -> str:
@@ -73,10 +79,7 @@ class Results:
 def main_table(res: Results) -> list[str]:
     """Per task and method: mean ± std over seeds, the majority-class score, the means."""
     plan = res.plan
-    lines = [
-        "| task | metric | majority | " + " | ".join(plan.methods) + " |",
-        "|---|---|---|" + "---|" * len(plan.methods),
-    ]
+    rows = []
     means: dict[str, list[float]] = {m: [] for m in plan.methods}
     for task in plan.tasks:
         first = next((r for m in plan.methods if (r := res.first([task], m))), None)
@@ -89,22 +92,21 @@ def main_table(res: Results) -> list[str]:
                 means[method].append(statistics.mean(values))
             cells.append(cell(values))
         base = "–" if majority is None else f"{100 * majority:.1f}"
-        lines.append(f"| {task} | {metric} | {base} | " + " | ".join(cells) + " |")
+        rows.append([task, metric, base, *cells])
     row = [
         f"**{statistics.mean(v):.1f}**" if len(v) == len(plan.tasks) else "–"
         for v in means.values()
     ]
-    return [*lines, "| **mean** | | | " + " | ".join(row) + " |"]
+    rows.append(["**mean**", "", "", *row])
+    return table_lines(["task", "metric", "majority", *plan.methods], rows)
 
 
 def claims_table(res: Results) -> list[str]:
     """Whether DePT ≥ PT and IDPG ≥ PT hold: the mean difference over tasks, and per task
     the difference and whether it exceeds two standard errors of the seeds."""
-    lines = [
-        "| claim | mean Δ over tasks (points) | holds on average | tasks won "
-        "| won by > 2 SE | per task Δ |",
-        "|---|---|---|---|---|---|",
-    ]
+    header = ["claim", "mean Δ over tasks (points)", "holds on average", "tasks won",
+              "won by > 2 SE", "per task Δ"]  # fmt: skip
+    rows = []
     for left, right in CLAIMS:
         if left not in res.plan.methods or right not in res.plan.methods:
             continue
@@ -121,11 +123,11 @@ def claims_table(res: Results) -> list[str]:
         mean = statistics.mean(deltas) if deltas else math.nan
         won = sum(d > 0 for d in deltas)
         holds = "–" if not deltas else ("yes" if mean >= 0 else "no")
-        lines.append(
-            f"| {left} ≥ {right} | {mean:+.1f} | {holds} | {won}/{len(deltas)} | "
-            f"{clear}/{len(deltas)} | {', '.join(per_task)} |"
-        )
-    return lines
+        rows.append(
+            [f"{left} ≥ {right}", f"{mean:+.1f}", holds, f"{won}/{len(deltas)}",
+             f"{clear}/{len(deltas)}", ", ".join(per_task)]
+        )  # fmt: skip
+    return table_lines(header, rows)
 
 
 def _standard_error(a: list[float], b: list[float]) -> float:
@@ -136,7 +138,7 @@ def _standard_error(a: list[float], b: list[float]) -> float:
 
 def lr_table(res: Results) -> list[str]:
     """Each method's trainable count (its derived size knob) and the rate chosen per task."""
-    lines = ["| method | trainable parameters | learning rate chosen (per task) |", "|---|---|---|"]
+    rows = []
     for method in res.plan.methods:
         firsts = [r for t in res.plan.tasks if (r := res.first([t], method))]
         sizes = {
@@ -145,8 +147,8 @@ def lr_table(res: Results) -> list[str]:
         }
         lrs = [(t, res.lr(t, method)) for t in res.plan.tasks]
         chosen = ", ".join(f"{t}: {format_lr(lr)}" for t, lr in lrs if lr is not None)
-        lines.append(f"| {method} | {'; '.join(sorted(sizes))} | {chosen} |")
-    return lines
+        rows.append([method, "; ".join(sorted(sizes)), chosen])
+    return table_lines(["method", "trainable parameters", "learning rate chosen (per task)"], rows)
 
 
 def curve_table(res: Results) -> list[str]:
@@ -155,10 +157,7 @@ def curve_table(res: Results) -> list[str]:
     tasks = res.plan.curve_tasks
     if not tasks:  # --curve-tasks "": no curve
         return []
-    lines = [
-        "| m | r | trainable | " + " | ".join(tasks) + " | mean | step time vs PT |",
-        "|---|---|---|" + "---|" * (len(tasks) + 2),
-    ]
+    lines = []
     pt_step = [s for t in tasks for s in res.step_s(t, "PT")]
     rows = [("PT", ())] + [
         ("DePT", () if m == DEPT_M else (("method.prompt_length", m),))
@@ -184,20 +183,13 @@ def curve_table(res: Results) -> list[str]:
         )
         means = [statistics.mean(v) for v in values if v]
         mean = f"{statistics.mean(means):.1f}" if len(means) == len(tasks) else "–"
-        lines.append(
-            f"| {m} | {rank} | {params} | "
-            + " | ".join(cell(v) for v in values)
-            + f" | {mean} | {ratio} |"
-        )
-    return lines
+        lines.append([m, rank, params, *(cell(v) for v in values), mean, ratio])
+    return table_lines(["m", "r", "trainable", *tasks, "mean", "step time vs PT"], lines)
 
 
 def ablation_table(res: Results) -> list[str]:
     """Each fix against its old behaviour, at the default's chosen rate: new, old, Δ."""
-    lines = [
-        "| fix | method | task | new (default) | old | Δ new − old |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = []
     for ablation in ABLATIONS:
         for method in (m for m in ablation.methods if m in res.plan.methods):
             for task in res.plan.ablation_tasks:
@@ -205,11 +197,12 @@ def ablation_table(res: Results) -> list[str]:
                 delta = (
                     f"{statistics.mean(new) - statistics.mean(old):+.1f}" if new and old else "–"
                 )
-                lines.append(
-                    f"| {ablation.fix}: {ablation.new} vs {ablation.old} | {method} | {task} | "
-                    f"{cell(new)} | {cell(old)} | {delta} |"
-                )
-    return lines
+                rows.append(
+                    [f"{ablation.fix}: {ablation.new} vs {ablation.old}", method, task,
+                     cell(new), cell(old), delta]
+                )  # fmt: skip
+    header = ["fix", "method", "task", "new (default)", "old", "Δ new − old"]
+    return table_lines(header, rows)
 
 
 def benchmark_report(plan: Plan, setting: Setting, records: Records, command: str) -> list[str]:
@@ -252,12 +245,7 @@ def calibration_report(
     """PT's validation accuracy (at its chosen rate) against each task's majority-class rate
     per step count, the suggested count, and the full benchmark's estimated wall time."""
     tasks = plan.calibrate_tasks
-    lines = [
-        "| steps | "
-        + " | ".join(f"{t} val acc / majority" for t in tasks)
-        + " | PT left it on all | full run (est.) |",
-        "|---|" + "---|" * (len(tasks) + 2),
-    ]
+    rows = []
     suggested = None
     for steps in plan.calibrate_steps:
         verdicts = [calibration_verdict(plan, setting, records, t, steps) for t in tasks]
@@ -268,9 +256,10 @@ def calibration_report(
         if passes and suggested is None:
             suggested = steps
         wall = f"{estimate(steps) / 3600:.1f} h" if estimate else "–"
-        lines.append(
-            f"| {steps} | " + " | ".join(cells) + f" | {'yes' if passes else 'no'} | {wall} |"
-        )
+        rows.append([steps, *cells, "yes" if passes else "no", wall])
+    header = ["steps", *(f"{t} val acc / majority" for t in tasks), "PT left it on all",
+              "full run (est.)"]  # fmt: skip
+    lines = table_lines(header, rows)
     runs = len(calibration_batch(plan, 0))
     lines += ["", *first_left_lines(plan, setting, records)]
     lines += [
