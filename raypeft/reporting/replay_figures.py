@@ -18,15 +18,10 @@ def draw_anytime(bands: dict[str, dict[str, list[float]]], out: Path) -> Path:
         colour = PALETTE[i % len(PALETTE)]
         ax.plot(band["compute"], band["median"], color=colour, label=f"{name} (median)")
         ax.fill_between(band["compute"], band["q25"], band["q75"], color=colour, alpha=0.2)
-    ax.axvline(0.30, color="grey", linestyle=":", linewidth=1)
-    ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("compute spent (trial-steps / full grid's)")
     ax.set_ylabel("regret of the choice so far (points)")
     ax.set_title("Anytime regret over replays: median, 25th-75th percentile band")
-    ax.legend(fontsize=8)
-    path = out / "anytime.png"
-    fig.savefig(path, dpi=110)
-    return path
+    return _finish(fig, ax, out / "anytime.png")
 
 
 def draw_tradeoff(points: dict[str, list[tuple[float, float]]], out: Path) -> Path:
@@ -37,12 +32,17 @@ def draw_tradeoff(points: dict[str, list[tuple[float, float]]], out: Path) -> Pa
         colour = PALETTE[i % len(PALETTE)]
         ax.scatter([p[0] for p in pairs], [p[1] for p in pairs], s=14, alpha=0.6,
                    color=colour, label=name)  # fmt: skip
-    ax.axvline(0.30, color="grey", linestyle=":", linewidth=1)
-    ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("compute (trial-steps / full grid's)")
     ax.set_ylabel("regret of the chosen configuration (points)")
     ax.set_title("Each replay: what it spent and how far its choice is from the best")
+    return _finish(fig, ax, out / "tradeoff.png")
+
+
+def _finish(fig, ax, path: Path) -> Path:
+    """The goal's lines (0.30 of the grid's compute, 0.5 points of regret), the legend, the
+    PNG written."""
+    ax.axvline(0.30, color="grey", linestyle=":", linewidth=1)
+    ax.axhline(0.5, color="grey", linestyle=":", linewidth=1)
     ax.legend(fontsize=8)
-    path = out / "tradeoff.png"
     fig.savefig(path, dpi=110)
     return path

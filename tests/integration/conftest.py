@@ -11,7 +11,7 @@ import yaml
 from filelock import FileLock
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import run_cli
+from tests.helpers import TINY_SEARCH_BASE, run_cli
 
 
 @dataclass
@@ -65,15 +65,7 @@ def _run_finished_search(cwd: Path) -> None:
     cwd.mkdir(exist_ok=True)
     cfg = {
         "name": "tiny-search",
-        "model": {"name": "tiny-bert", "max_length": 16},
-        "task": {
-            "name": "tweet_sentiment",
-            "max_train_examples": 160,
-            "max_eval_examples": 48,
-            "max_test_examples": 48,
-        },
-        "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
-        "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
+        **TINY_SEARCH_BASE,
         "space": {
             "method.lr_prompt": {"grid": [0.3, 0.5]},
             "method.lr_lowrank": {"grid": [1.0e-3, 1.0e-2]},

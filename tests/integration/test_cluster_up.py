@@ -40,7 +40,7 @@ import yaml
 from filelock import FileLock
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import children
+from tests.helpers import TINY_SEARCH_BASE, children
 
 pytestmark = pytest.mark.integration
 
@@ -164,15 +164,7 @@ def shlex_quote(text: str) -> str:
 def tiny_experiment(**search) -> dict:
     return {
         "name": EXPERIMENT,
-        "model": {"name": "tiny-bert", "max_length": 16},
-        "task": {
-            "name": "tweet_sentiment",
-            "max_train_examples": 160,
-            "max_eval_examples": 48,
-            "max_test_examples": 48,
-        },
-        "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
-        "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
+        **TINY_SEARCH_BASE,
         "space": {
             "method.lr_prompt": {"grid": [0.3, 0.5]},
             "method.prompt_length": {"choice": [2, 4]},

@@ -17,7 +17,7 @@ from raypeft.search.simulate import CurveTable, replay_config
 from raypeft.search.simulate.replay import draw_seeds, replay_search
 from raypeft.search.study import CONFIGURATION_ATTR
 from raypeft.tracking.tags import BEST_TRIAL_TAG, CONFIGURATION_TAG, ROLE_TAG
-from tests.helpers import run_cli
+from tests.helpers import TINY_SEARCH_BASE, run_cli
 
 EXPERIMENT = "tiny-rec"
 
@@ -28,11 +28,7 @@ def recorded(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("recorded")
     cfg = {
         "name": EXPERIMENT,
-        "model": {"name": "tiny-bert", "max_length": 16},
-        "task": {"name": "tweet_sentiment", "max_train_examples": 160, "max_eval_examples": 48,
-                 "max_test_examples": 48},
-        "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
-        "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
+        **TINY_SEARCH_BASE,
         "space": {"method.lr_prompt": {"grid": [0.3, 0.5]},
                   "method.prompt_length": {"grid": [2, 6]}},
         "search": {"num_samples": 8, "sampler": "grid", "seeds": [0, 1],
