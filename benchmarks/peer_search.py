@@ -174,15 +174,20 @@ def peer_space(cfg, trial) -> dict:
 
 
 def peer_pruner(cfg):
-    """Successive halving at every evaluation, with the search file's ASHA settings (its
-    first rung at ``grace_period`` evaluations, keeping 1/``reduction_factor``)."""
+    """Successive halving at every evaluation, on the search file's ASHA settings."""
     import optuna
 
+    return optuna.pruners.SuccessiveHalvingPruner(**pruner_settings(cfg))
+
+
+def pruner_settings(cfg) -> dict[str, int]:
+    """ASHA's schedule in Optuna's terms: the first rung after ``grace_period`` evaluations
+    (in steps: the Trainer reports by step), keeping 1/``reduction_factor``."""
     sched = cfg.search.scheduler
-    return optuna.pruners.SuccessiveHalvingPruner(
-        min_resource=sched.grace_period * cfg.train.eval_every,
-        reduction_factor=sched.reduction_factor,
-    )
+    return {
+        "min_resource": sched.grace_period * cfg.train.eval_every,
+        "reduction_factor": sched.reduction_factor,
+    }
 
 
 def peer_data(cfg):

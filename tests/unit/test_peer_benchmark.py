@@ -1,0 +1,41 @@
+"""benchmarks.peer_search's translation of a raypeft search file into the Hugging Face way:
+the same space (through the space entries' own ``suggest``), the same pruning schedule."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+
+from benchmarks import peer_search
+from raypeft.config.loading import load_experiment
+
+PT = Path(__file__).resolve().parents[2] / "search_spaces" / "pt.yaml"
+
+
+def test_the_peer_samples_pt_yaml_s_space_under_its_own_names():
+    cfg = load_experiment(PT)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        params = peer_search.peer_space(cfg, study.ask())
+        low, high = cfg.space["method.lr"].candidates()
+        assert low <= params["learning_rate"] <= high
+        assert params["num_virtual_tokens"] in cfg.space["method.prompt_length"].listed()
+        assert peer_search.INIT[params["init"]] in {"SAMPLE_VOCAB", "RANDOM", "TEXT"}
+
+
+def test_the_peer_prunes_on_the_search_file_s_asha_schedule():
+    cfg = load_experiment(PT)
+    assert isinstance(peer_search.peer_pruner(cfg), optuna.pruners.SuccessiveHalvingPruner)
+    sched = cfg.search.scheduler
+    assert peer_search.pruner_settings(cfg) == {
+        "min_resource": sched.grace_period * cfg.train.eval_every,  # pt.yaml: 1 x 40 steps
+        "reduction_factor": sched.reduction_factor,
+    }
+
+
+def test_unknown_variants_are_refused():
+    import pytest
+
+    with pytest.raises(SystemExit):
+        peer_search.parse_args(["--variants", "raypeft,nope"])
