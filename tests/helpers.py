@@ -120,10 +120,20 @@ def kill_session(proc: subprocess.Popen) -> None:
 
 
 def results(root: Path) -> list[dict]:
-    """Every result Tune has written so far under ``root`` (its result.json files)."""
+    """Every result Tune has written so far under ``root`` (its result.json files).
+
+    Walked with ``os.walk``, which skips a folder that vanishes while it is read: Tune
+    deletes a trial's older checkpoint folders (``num_to_keep``) as the search runs, and
+    ``Path.rglob`` raised FileNotFoundError when that happened mid-walk (a flaky test)."""
     out = []
-    for path in root.rglob("result.json"):
-        for line in path.read_text().splitlines():
+    for folder, _, files in os.walk(root):
+        if "result.json" not in files:
+            continue
+        try:
+            text = (Path(folder) / "result.json").read_text()
+        except FileNotFoundError:
+            continue
+        for line in text.splitlines():
             try:
                 out.append(json.loads(line))
             except json.JSONDecodeError:

@@ -88,3 +88,16 @@ def test_a_grid_with_seeds_gives_each_configuration_every_seed(tmp_path):
         seeds[trial.user_attrs[CONFIGURATION_ATTR]].add(trial.params["train.seed"])
     assert len(seeds) == 4 and all(s == {0, 1, 2} for s in seeds.values())
     assert {c["train.seed"] for c in configs} == {0, 1, 2}
+
+
+def test_the_table_recordings_are_valid_seeded_grids():
+    from pathlib import Path
+
+    from raypeft.config.loading import load_experiment
+
+    files = sorted((Path(__file__).resolve().parents[2] / "benchmarks" / "tables").glob("*.yaml"))
+    assert files
+    for path in files:
+        cfg = load_experiment(path)
+        assert cfg.search.sampler == "grid" and len(cfg.search.seeds) >= 3
+        assert cfg.search.num_samples == cfg.grid_size()  # every configuration x seed
