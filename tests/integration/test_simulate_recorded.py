@@ -24,14 +24,14 @@ EXPERIMENT = "tiny-rec"
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """A 2 x 2 grid with seeds [0, 1] (8 trials) on tiny BERT, run by ``raypeft tune``."""
+    """A grid of 2 configurations with seeds [0, 1] (4 trials) on tiny BERT, run by
+    ``raypeft tune``."""
     cwd = tmp_path_factory.mktemp("recorded")
     cfg = {
         "name": EXPERIMENT,
         **TINY_SEARCH_BASE,
-        "space": {"method.lr_prompt": {"grid": [0.3, 0.5]},
-                  "method.prompt_length": {"grid": [2, 6]}},
-        "search": {"num_samples": 8, "sampler": "grid", "seeds": [0, 1],
+        "space": {"method.lr_prompt": {"grid": [0.3, 0.5]}},
+        "search": {"num_samples": 4, "sampler": "grid", "seeds": [0, 1],
                    "scheduler": {"type": "none"}},
         "run": {"storage_path": str(cwd / "ray_results")},
     }  # fmt: skip
@@ -40,7 +40,7 @@ def recorded(tmp_path_factory):
     assert done.returncode == 0, done.stderr[-3000:]
     table = run_cli(["table", EXPERIMENT, "--out", "table.json"], cwd)
     assert table.returncode == 0, table.stderr[-3000:]
-    assert "8 curves, 4 configurations" in table.stdout
+    assert "4 curves, 2 configurations" in table.stdout
     return cwd
 
 
@@ -64,7 +64,7 @@ def test_seeds_are_grouped_by_configuration_in_mlflow_and_optuna(recorded):
         groups.setdefault(run.data.tags[CONFIGURATION_TAG], set()).add(
             run.data.params["train.seed"]
         )
-    assert len(groups) == 4 and all(seeds == {"0", "1"} for seeds in groups.values())
+    assert len(groups) == 2 and all(seeds == {"0", "1"} for seeds in groups.values())
     study = optuna.load_study(study_name=EXPERIMENT, storage=f"sqlite:///{recorded / 'optuna.db'}")
     attrs = {t.user_attrs[CONFIGURATION_ATTR] for t in study.trials}
     assert attrs == set(groups)
@@ -73,7 +73,7 @@ def test_seeds_are_grouped_by_configuration_in_mlflow_and_optuna(recorded):
 def test_the_table_holds_every_trials_curve_as_mlflow_recorded_it(recorded):
     table = CurveTable.load(recorded / "table.json")
     client, runs = trial_runs(recorded)
-    assert len(table.curves) == len(runs) == 8
+    assert len(table.curves) == len(runs) == 4
     for run in runs:
         curve = table.curve(run.data.tags[CONFIGURATION_TAG], int(run.data.params["train.seed"]))
         history = client.get_metric_history(run.info.run_id, "val_accuracy")
@@ -92,7 +92,7 @@ def test_replaying_the_recorded_search_reproduces_its_results(recorded):
     replay = replay_search(cfg, table, draw_seeds(table, random.Random(0)), table.concurrency())
     client, runs = trial_runs(recorded)
     real = {(run.data.tags[CONFIGURATION_TAG], run.data.params["train.seed"]): run for run in runs}
-    assert len(replay.trials) == 8
+    assert len(replay.trials) == 4
     for trial in replay.trials:
         key = curve_key(table, trial.config)
         run = real[key]
