@@ -16,6 +16,7 @@ METHOD_TAG = "raypeft.method"  # the method's registered name (parent: the exper
 ROLE_SEARCH = "experiment"  # the parent run of one search
 ROLE_TRIAL = "trial"  # one configuration the search tried
 ROLE_REPEAT = "repeat"  # a re-training of a top trial with another seed
+ROLE_SIMULATION = "simulation"  # raypeft simulate: one search file replayed against a table
 
 # ----------------------------------------------------------------------------- parent run
 SPACE_FILE_TAG = "raypeft.space_file"  # the experiment file the search was started from

@@ -85,11 +85,23 @@ def _held_value(key: str, value: Any, values: list[Any]) -> Any:
 
 def _check_recorded(cfg: ExperimentConfig, table: CurveTable) -> None:
     """Every configuration the replayed space can propose has at least one curve."""
-    keys = [k for k in cfg.space if k != SEED_KEY]
-    fixed = {k: v for k, v in flatten(cfg.model_dump(mode="json")).items() if k in table.space()}
     recorded = set(table.by_configuration())
-    for combo in itertools.product(*(cfg.space[k].listed() for k in keys)):
-        params = {**fixed, **dict(zip(keys, combo, strict=True))}
-        key = configuration_key(params)
+    for key in sorted(configurations_of(cfg, table)):
         if key not in recorded:
             raise ConfigError(f"the table has no curve for {key} (a recording still under way?)")
+
+
+def fixed_values(cfg: ExperimentConfig, table: CurveTable) -> dict[str, Any]:
+    """The values ``cfg`` gives the keys the table varies but it does not search."""
+    flat = flatten(cfg.model_dump(mode="json"))
+    return {k: flat[k] for k in table.space() if k not in cfg.space}
+
+
+def configurations_of(cfg: ExperimentConfig, table: CurveTable) -> set[str]:
+    """The configuration keys of every point of ``cfg``'s (discrete) space, seeds aside."""
+    keys = [k for k in cfg.space if k != SEED_KEY]
+    fixed = fixed_values(cfg, table)
+    return {
+        configuration_key({**fixed, **dict(zip(keys, combo, strict=True))})
+        for combo in itertools.product(*(cfg.space[k].listed() for k in keys))
+    }

@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import json
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from raypeft.config.dotted import flatten
 from raypeft.search.simulate.runs import Simulation
 from raypeft.search.simulate.table import CurveTable
 from raypeft.tracking.callback import log_params
+from raypeft.tracking.tags import ROLE_SIMULATION, ROLE_TAG
 
 FIGURES = ("regret", "normalised", "steps", "wall")  # what each replay is scored by
 LABELS = {
@@ -38,8 +40,8 @@ def summary(sim: Simulation) -> dict[str, Any]:
         "best_configuration": sim.quality.best,
         "best_seed_mean": sim.quality.means[sim.quality.best],
         "configurations": len(sim.quality.means),
-        "trials_median": _median([s.trials for s in sim.scores]),
-        "stopped_median": _median([s.stopped for s in sim.scores]),
+        "trials_median": statistics.median([s.trials for s in sim.scores]),
+        "stopped_median": statistics.median([s.stopped for s in sim.scores]),
     }
 
 
@@ -64,7 +66,7 @@ def log_simulation(
     name = f"{table.source.get('experiment', 'table')}-simulate"
     found = client.get_experiment_by_name(name)
     experiment_id = found.experiment_id if found else client.create_experiment(name)
-    run = client.create_run(experiment_id, run_name=sim.name, tags={"raypeft.role": "simulation"})
+    run = client.create_run(experiment_id, run_name=sim.name, tags={ROLE_TAG: ROLE_SIMULATION})
     run_id = run.info.run_id
     params = flatten({"search": sim.cfg.search.model_dump(mode="json")})
     params.update({f"space.{k}": v.model_dump() for k, v in sim.cfg.space.items()})
@@ -79,11 +81,3 @@ def log_simulation(
     client.log_artifacts(run_id, str(folder))
     client.set_terminated(run_id)
     return name, run_id
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2

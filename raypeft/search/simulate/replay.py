@@ -22,12 +22,12 @@ from ray.tune.experiment import Trial
 from ray.tune.schedulers import TrialScheduler
 from ray.tune.search import Searcher
 
-from raypeft.config.dotted import flatten
 from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import SEED_KEY, configuration_key
 from raypeft.search.objectives import Constraints, resolve_objectives, stops_on_objective
 from raypeft.search.outcome import choose_best
 from raypeft.search.results import TrialResult
+from raypeft.search.simulate.plan import fixed_values
 from raypeft.search.simulate.table import Curve, CurveTable
 from raypeft.search.study import StudyPlan
 from raypeft.search.tuner import optuna_searcher, scheduler
@@ -106,9 +106,7 @@ class ReplayLoop:
         self.scheduler: TrialScheduler = trial_scheduler
         self.concurrency = concurrency
         self.target = TargetMetric(table.metric, table.mode)
-        # the keys the table varies that this search does not: their values, from its config
-        flat = flatten(cfg.model_dump(mode="json"))
-        self.fixed = {k: flat[k] for k in table.space() if k not in cfg.space}
+        self.fixed = fixed_values(cfg, table)  # the keys the table varies, this search not
         self.controller = SimulatedController()
         self.running: dict[str, ReplayedTrial] = {}
         self.events: list[tuple[float, int, str]] = []  # (time, order, trial id)

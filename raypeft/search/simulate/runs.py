@@ -10,12 +10,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import optuna
 
-from raypeft.config.dotted import flatten
 from raypeft.config.loading import validate_experiment
 from raypeft.config.schema import ExperimentConfig
-from raypeft.config.space import SEED_KEY, configuration_key
+from raypeft.config.space import SEED_KEY
 from raypeft.search.objectives import Constraints, resolve_objectives, stops_on_objective
-from raypeft.search.simulate.plan import replay_config
+from raypeft.search.simulate.plan import configurations_of, fixed_values, replay_config
 from raypeft.search.simulate.replay import Replay, draw_seeds, replay_search
 from raypeft.search.simulate.scores import (
     Quality,
@@ -164,19 +163,3 @@ def full_grid(cfg: ExperimentConfig) -> ExperimentConfig:
         "scheduler": {"type": "none"},
     }
     return validate_experiment(data, "the full grid")
-
-
-def fixed_values(cfg: ExperimentConfig, table: CurveTable) -> dict:
-    """The values ``cfg`` gives the keys the table varies but it does not search."""
-    flat = flatten(cfg.model_dump(mode="json"))
-    return {k: flat[k] for k in table.space() if k not in cfg.space}
-
-
-def configurations_of(cfg: ExperimentConfig, table: CurveTable) -> set[str]:
-    """The configuration keys of every point of ``cfg``'s (discrete) space."""
-    keys = [k for k in cfg.space if k != SEED_KEY]
-    fixed = fixed_values(cfg, table)
-    return {
-        configuration_key({**fixed, **dict(zip(keys, combo, strict=True))})
-        for combo in itertools.product(*(cfg.space[k].listed() for k in keys))
-    }
