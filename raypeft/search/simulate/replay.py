@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import heapq
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,9 +26,9 @@ from ray.tune.search import Searcher
 from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import SEED_KEY, configuration_key
 from raypeft.search.objectives import Constraints, resolve_objectives, stops_on_objective
-from raypeft.search.outcome import choose_best
 from raypeft.search.results import TrialResult
 from raypeft.search.simulate.plan import fixed_values
+from raypeft.search.simulate.scores import choose_from
 from raypeft.search.simulate.table import Curve, CurveTable
 from raypeft.search.study import StudyPlan
 from raypeft.search.tuner import optuna_searcher, scheduler
@@ -55,6 +56,7 @@ class Replay:
     ended_s: list[float]  # simulated seconds at which each of them ended
     chosen: TrialResult | None
     wall_s: float  # simulated seconds from the first trial's start to the last one's end
+    choose: Callable[[list[TrialResult]], TrialResult | None]  # how the search chooses
 
     def trial_steps(self) -> int:
         """Training steps summed over the replay's trials (the compute it spent)."""
@@ -92,9 +94,8 @@ def replay_search(
     trial_scheduler = scheduler(cfg, objectives[0].result_key, objectives[0].mode)
     loop = ReplayLoop(cfg, table, draws, limited, trial_scheduler, concurrency)
     loop.run()
-    pruned = stops_on_objective(cfg, objectives[0])
-    chosen, _ = choose_best(loop.ended, objectives[0], constraints, stopped_are_pruned=pruned)
-    return Replay(loop.ended, loop.ended_s, chosen, loop.clock)
+    choose = choose_from(objectives[0], constraints, stops_on_objective(cfg, objectives[0]))
+    return Replay(loop.ended, loop.ended_s, choose(loop.ended), loop.clock, choose)
 
 
 class ReplayLoop:

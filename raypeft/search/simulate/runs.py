@@ -13,14 +13,12 @@ import optuna
 from raypeft.config.loading import validate_experiment
 from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import SEED_KEY
-from raypeft.search.objectives import Constraints, resolve_objectives, stops_on_objective
 from raypeft.search.simulate.plan import configurations_of, fixed_values, replay_config
 from raypeft.search.simulate.replay import Replay, draw_seeds, replay_search
 from raypeft.search.simulate.scores import (
     Quality,
     Spread,
     anytime,
-    choose_from,
     chosen_configuration,
     regret_at,
 )
@@ -122,10 +120,6 @@ def score(
     """Replay ``i`` against its full grid, by the table's seed-means."""
     fixed = fixed_values(cfg, table)
     chosen = chosen_configuration(replay.chosen, cfg.space, fixed)
-    objective = resolve_objectives(cfg, (table.metric,))[0]
-    choose = choose_from(
-        objective, Constraints(cfg.search.constraints), stops_on_objective(cfg, objective)
-    )
 
     def regret_of(trial) -> float:
         return quality.regret(chosen_configuration(trial, cfg.space, fixed))
@@ -140,7 +134,7 @@ def score(
         wall=replay.wall_s / grid.wall_s,
         trials=len(replay.trials),
         stopped=stopped,
-        curve=anytime(replay.trials, choose, regret_of, grid.trial_steps()),
+        curve=anytime(replay.trials, replay.choose, regret_of, grid.trial_steps()),
     )
 
 
