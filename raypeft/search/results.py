@@ -55,7 +55,13 @@ def trial_results(results: ResultGrid) -> list[TrialResult]:
         for r in results
         if r.metrics and "trial_id" in r.metrics
     ]
-    return sorted(reported, key=_creation_order)
+    return in_creation_order(reported)
+
+
+def in_creation_order(trials: list[TrialResult]) -> list[TrialResult]:
+    """``trials`` in the order Tune created them: where two tie on the objective, the
+    search chooses the one created first, whatever order the trials ended in."""
+    return sorted(trials, key=_creation_order)
 
 
 def _creation_order(trial: TrialResult) -> int:

@@ -94,6 +94,33 @@ def test_the_full_grid_replayed_finds_the_best_and_reports_every_recorded_value(
     assert replay.chosen is best
 
 
+def test_a_tie_goes_to_the_trial_created_first_as_in_the_real_search(table):
+    """Every configuration reports the same values, the slow ones end last: the choice is
+    still the first trial created (``raypeft tune`` chooses on Tune's creation order)."""
+    flat = [0.5, 0.6, 0.7, 0.7, 0.7, 0.7]
+    grid = search(
+        {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}},
+        sampler="grid",
+        num_samples=12,
+        scheduler={"type": "none"},
+    )
+    cfg = replay_config(grid, table, 2)
+    draws = draw_seeds(table, random.Random(0))
+    trials = replay_search(cfg, table, draws, 2).trials  # the same draws, the same first trial
+    first = next(t.config for t in trials if t.trial_id == "replay_00000")
+
+    def tied(c: Curve) -> Curve:
+        slow = all(c.params[k] == first[k] for k in c.params)  # the first created ends last
+        wall = [w * (100 if slow else 1) for w in c.wall_s]
+        return dataclasses.replace(c, values=values, wall_s=wall)
+
+    values = {"val_accuracy": flat, "val_loss": [1 - a for a in flat]}
+    table = dataclasses.replace(table, curves=[tied(c) for c in table.curves])
+    replay = replay_search(cfg, table, draw_seeds(table, random.Random(0)), 2)
+    assert replay.trials[0].trial_id != "replay_00000"  # the first created did not end first
+    assert replay.chosen.trial_id == "replay_00000"
+
+
 def test_asha_stops_trials_the_grid_would_run_and_spends_less(table):
     tpe_asha = search(
         num_samples=12,

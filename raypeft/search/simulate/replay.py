@@ -141,7 +141,9 @@ class ReplayLoop:
             self.start(trial_id, config)
 
     def start(self, trial_id: str, config: dict[str, Any]) -> None:
-        trial = Trial("replay", config=config, trial_id=trial_id, stub=True)
+        # Tune's experiment tag starts with the trial's creation counter, from 1
+        tag = f"{self.created}_replay"
+        trial = Trial("replay", config=config, trial_id=trial_id, experiment_tag=tag, stub=True)
         self.controller.trials.append(trial)
         self.scheduler.on_trial_add(self.controller, trial)
         trial.set_status(Trial.RUNNING)
@@ -191,6 +193,7 @@ class ReplayLoop:
                 "training_iteration": k + 1,
                 "time_total_s": curve.wall_s[k],
                 "trial_id": replayed.trial.trial_id,
+                "experiment_tag": replayed.trial.experiment_tag,
             }
         )
         return metrics

@@ -21,7 +21,7 @@ from scipy import stats
 
 from raypeft.config.space import configuration_key
 from raypeft.search.outcome import choose_best
-from raypeft.search.results import TrialResult
+from raypeft.search.results import TrialResult, in_creation_order
 from raypeft.search.simulate.table import Curve, CurveTable
 
 POINTS = 100.0  # a metric in [0, 1] (accuracy, F1) reads in points: x100
@@ -152,5 +152,11 @@ def _interval(x: np.ndarray, statistic, seed: int) -> tuple[float, float]:
 
 
 def choose_from(objective, constraints, pruned: bool):
-    """``choose_best`` as the search would call it, on a list of trials."""
-    return lambda trials: choose_best(trials, objective, constraints, stopped_are_pruned=pruned)[0]
+    """``choose_best`` as the search calls it: on the trials in creation order (a tie goes
+    to the trial created first), whatever order they ended in."""
+
+    def choose(trials: list[TrialResult]) -> TrialResult | None:
+        ordered = in_creation_order(trials)
+        return choose_best(ordered, objective, constraints, stopped_are_pruned=pruned)[0]
+
+    return choose
