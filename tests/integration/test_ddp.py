@@ -1,5 +1,6 @@
 """``workers_per_trial: 2``: one trial trained with DDP across two Ray Train workers (gloo on
-CPU) learns what one worker learns at the same global batch size.
+CPU) learns what one worker learns at the same global batch size; both searches, run with
+``trial_runner: ray_train``, log what a search trained inside its Tune trials logs.
 
 Both runs see the same global batches (raypeft.training.sampler.GlobalBatchSampler: each worker
 takes half of every batch) and DDP averages the two halves' gradients, which is the gradient of the
@@ -40,6 +41,11 @@ def run_one_trial(tmp_path, resources: dict) -> dict[str, list[tuple[int, float]
     experiment = client.get_experiment_by_name("tiny-dept")
     (parent,) = client.search_runs([experiment.experiment_id], "tags.`raypeft.role` = 'experiment'")
     (kid,) = children(client, experiment.experiment_id, parent.info.run_id)
+    # what a Ray Train trial logs, as a trial trained inside Tune does: finished, its artefacts
+    assert parent.info.status == kid.info.status == "FINISHED"
+    assert "test_accuracy" in parent.data.metrics
+    files = {f.path for f in client.list_artifacts(kid.info.run_id, "model")}
+    assert {"model/trainable.safetensors", "model/config.yaml"} <= files
     return {
         name: sorted((m.step, m.value) for m in client.get_metric_history(kid.info.run_id, name))
         for name in (*METRICS, "train_samples_per_s")

@@ -91,21 +91,6 @@ def test_tune_in_process_trials_logged_to_mlflow(tmp_path):
     assert {float(k.data.params["method.lr_prompt"]) for k in kids} == {0.3, 0.5}
 
 
-def test_tune_with_ray_train_workers(tmp_path):
-    path = tiny_experiment(
-        tmp_path,
-        search={"num_samples": 2, "scheduler": {"type": "none"}},
-        space={"method.lr_prompt": {"grid": [0.3, 0.5]}},
-        resources={"trial_runner": "ray_train", "workers_per_trial": 1},
-    )
-    proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Best trial" in proc.stdout
-    client, parent, kids = check_search_logged(tmp_path, expected_trials=2)
-    for kid in kids:  # no scheduler: every trial runs all 12 steps (3 evaluations)
-        assert len(client.get_metric_history(kid.info.run_id, "val_accuracy")) == 3
-
-
 def test_bad_file_fails_fast_and_creates_nothing(tmp_path):
     path = tiny_experiment(tmp_path)
     data = yaml.safe_load(path.read_text())
