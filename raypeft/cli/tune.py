@@ -20,6 +20,8 @@ from raypeft.cli.options import (
 )
 from raypeft.config.redact import redact_uri
 from raypeft.errors import ConfigError
+from raypeft.tracking.tags import result_tag
+from raypeft.training.result_keys import RESTARTED_KEY
 
 
 @click.command("tune")
@@ -129,6 +131,12 @@ def print_summary(s) -> None:
         f"Search finished: {s.num_trials} trials ({s.num_pruned} stopped early, "
         f"{s.num_errors} failed) in {s.wall_s / 60:.1f} min"
     )
+    if s.started_over:
+        echo(
+            f"  {len(s.started_over)} of them started over from step 0, their checkpoint "
+            f"damaged or incomplete ({', '.join(s.started_over)}; why: the tag "
+            f"{result_tag(RESTARTED_KEY)} of their MLflow runs)"
+        )
     if not s.constraints_met:
         echo("  warning: no trial met search.constraints; the best of all trials is shown")
     echo(f"Best trial {s.best_trial_id} (MLflow run {s.best_run_id}):")

@@ -56,6 +56,7 @@ class SearchSummary:
     optuna_storage: str = ""
     optuna_study: str = ""
     constraints_met: bool = True
+    started_over: list[str] = field(default_factory=list)  # trials whose checkpoint was unusable
     published: Published | None = None  # the chosen model in MLflow (pyfunc, registry)
     # seconds each phase took, in order (prepare, open_records, fit, analyse, finish)
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -71,6 +72,8 @@ class Outcome:
     num_errors: int  # trials that raised, or reported a diverged loss
     num_pruned: int  # trials the scheduler stopped early
     pareto: list[dict[str, Any]]  # multi-objective searches: the front, best first
+    # trials restarted from a damaged or incomplete checkpoint, which trained from step 0
+    started_over: list[str] = field(default_factory=list)
     repeats: list[RepeatGroup] = field(default_factory=list)  # the top configurations' seeds
     ranked_repeats: list[RepeatGroup] = field(default_factory=list)  # best mean first
 

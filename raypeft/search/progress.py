@@ -18,7 +18,7 @@ from ray.tune.experiment import Trial
 from tabulate import tabulate
 
 from raypeft.config.schema import DERIVED_PREFIX
-from raypeft.training.result_keys import FAILURE_KEY, ran_to_end
+from raypeft.training.result_keys import FAILURE_KEY, RESTARTED_KEY, ran_to_end
 
 # a trial waiting to run again (paused, or restarted after its worker died) whose reported
 # values are partial, like a running trial's
@@ -62,8 +62,15 @@ class ProgressPrinter(Callback):
         self._start = time.monotonic()
         self._done = 0
         self._ended: set[str] = set()  # trials Tune completed (not left unfinished by a pause)
+        self._restarts_told: set[str] = set()  # trials whose start over has been said
 
     # ------------------------------------------------------------------ Tune hooks
+
+    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result, **info):
+        """A restarted trial that could not resume from its checkpoint: said once, why."""
+        if RESTARTED_KEY in result and trial.trial_id not in self._restarts_told:
+            self._restarts_told.add(trial.trial_id)
+            self.echo(f"{trial}: {result[RESTARTED_KEY]}")
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         self._done += 1

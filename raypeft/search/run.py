@@ -90,6 +90,7 @@ from raypeft.tracking.tags import (
     OPTUNA_STUDY_TAG,
     TUNE_PATH_TAG,
 )
+from raypeft.training.result_keys import RESTARTED_KEY
 
 
 class SearchFailed(RuntimeError):
@@ -482,7 +483,8 @@ def analyse(prep: Prepared, records: Records, fitted: Fitted, opts: SearchOption
         raise _no_result(results, failed, errors, primary.result_key, records.parent_run_id)
     pruned = sum(1 for t in trials if not t.ran_to_end)
     pareto = tag_pareto_front(trials, prep.objectives, prep.constraints, records.tracker)
-    outcome = Outcome(best, constraints_met, len(results), errors, pruned, pareto)
+    started_over = [t.trial_id for t in trials if RESTARTED_KEY in t.metrics]
+    outcome = Outcome(best, constraints_met, len(results), errors, pruned, pareto, started_over)
     if cfg.search.repeat_best:
         outcome.repeats = run_repeats(
             fitted.runner, trials, primary, prep.constraints, records.tune_name, opts.say
@@ -564,4 +566,5 @@ def _summary(
         optuna_storage=records.study.storage_url,
         optuna_study=records.study.study_name,
         constraints_met=outcome.constraints_met,
+        started_over=outcome.started_over,
     )

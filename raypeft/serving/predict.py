@@ -25,11 +25,12 @@ import torch
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.data.tokenize import TokenizedTask, tokenize_texts
-from raypeft.errors import ConfigError
 from raypeft.modeling.backbones import frozen_backbone
 from raypeft.modeling.build import build_model
 from raypeft.modeling.precision import resolve_precision
-from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
+from raypeft.modeling.prompted import PromptedModel
+from raypeft.training.checkpoints import MODEL_FILES
+from raypeft.training.digests import check_digests
 from raypeft.training.model_folder import read_config, read_task_metadata
 
 UNMATCHED = "<unmatched>"  # a seq2seq model wrote text that names no class
@@ -75,12 +76,12 @@ def load_trained(
     folder: Path, device: torch.device | str | None = None, precision: str | None = None
 ) -> tuple[ExperimentConfig, dict[str, Any], PromptedModel]:
     """Config, task metadata and the trained model (eval mode) of a model folder, computing in
-    ``precision`` (default: its ``train.precision``, where ``device`` can run it)."""
+    ``precision`` (default: its ``train.precision``, where ``device`` can run it); its files
+    checked against their digests first (DamagedArtefact when one is missing or damaged)."""
     folder = Path(folder)
+    check_digests(folder, MODEL_FILES)
     cfg = read_config(folder)
     meta = read_task_metadata(folder)
-    if not (folder / TRAINABLE_FILE).is_file():
-        raise ConfigError(f"{folder / TRAINABLE_FILE}: missing (not a raypeft model folder)")
     device = torch.device(device or "cpu")
     # the precision it trained and was evaluated in, where ``device`` can run it
     precision = resolve_precision(precision or cfg.train.precision, device, strict=False)

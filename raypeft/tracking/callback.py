@@ -26,7 +26,7 @@ from raypeft.config.dotted import flatten
 from raypeft.config.redact import redact_config, redact_params, redact_uri
 from raypeft.config.schema import EFFICIENCY_METRICS, REPEAT_OF, ExperimentConfig, trial_config
 from raypeft.methods import BackboneDims
-from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS, reopen_run
+from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS, log_model, reopen_run
 from raypeft.tracking.tags import (
     BEST_RUN_TAG,
     BEST_TRIAL_TAG,
@@ -52,11 +52,11 @@ from raypeft.training.result_keys import (
     PACK_SIZE_KEY,
     PRECISION_KEY,
     PRECISION_PARAM,
+    RESTARTED_KEY,
     RESUMED_KEY,
     WORKER_KEYS,
     ran_to_end,
 )
-from raypeft.training.resume import RESUME_DIR
 
 _BATCH = 100  # MLflow accepts at most 100 params per log_batch call
 
@@ -132,17 +132,6 @@ def new_step(result: dict[str, Any], logged: dict[str, int], trial_id: str) -> i
         return None
     logged[trial_id] = step
     return step
-
-
-def log_model(client: MlflowClient, run_id: str, folder: Path, artifact_path: str) -> None:
-    """Log a checkpoint's model files (best tensors, config, task), not its resume state."""
-    for path in sorted(Path(folder).iterdir()):
-        if path.name == RESUME_DIR:
-            continue
-        if path.is_dir():
-            client.log_artifacts(run_id, str(path), artifact_path=f"{artifact_path}/{path.name}")
-        else:
-            client.log_artifact(run_id, str(path), artifact_path=artifact_path)
 
 
 def checkpoint_dir(tune_checkpoint, train_checkpoint_path: str | None) -> Path | None:
@@ -340,7 +329,7 @@ class MLflowTrialCallback(Callback):
     def _tag_worker(self, trial_id: str, run_id: str, result: dict) -> None:
         """Tag where the trial trains (node id, IP, pid; a packed trial's pack id); again
         when a restart moved it."""
-        keys = (*WORKER_KEYS, RESUMED_KEY, PACK_ID_KEY)
+        keys = (*WORKER_KEYS, RESUMED_KEY, RESTARTED_KEY, PACK_ID_KEY)
         where = {k: str(result[k]) for k in keys if k in result}
         if where and self._worker_tags.get(trial_id) != where:
             self._worker_tags[trial_id] = where

@@ -49,16 +49,14 @@ from mlflow.types.schema import (
     Schema,
 )
 
-from raypeft.errors import ConfigError
-from raypeft.modeling.prompted import TRAINABLE_FILE
 from raypeft.tracking.tags import PYFUNC_ARTIFACT, PYFUNC_NAME
-from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE
+from raypeft.training.checkpoints import MODEL_FILES
+from raypeft.training.digests import check_digests, read_digests, write_digests
 from raypeft.training.model_folder import read_config, read_task_metadata
 
 # copied into every model; named by its path (see the module docstring)
 MODEL_CODE = Path(__file__).parents[1] / "serving" / "pyfunc_model.py"
 MODEL_ARTIFACT = PYFUNC_ARTIFACT  # the raypeft model folder inside the MLflow model
-MODEL_FILES = (TRAINABLE_FILE, CONFIG_FILE, TASK_FILE)  # no resume state, no optimizer
 DEFAULT_BATCH_SIZE = 64  # as `raypeft predict --batch-size`
 EXAMPLE_TEXTS = ["what a great day", "this is the worst service ever"]
 EXAMPLE_PAIRS = ["the day was lovely", "the service was excellent"]
@@ -147,13 +145,14 @@ def describe(folder: Path) -> dict[str, Any]:
 
 
 def stage_model_files(folder: Path, dst: Path) -> Path:
-    """Copy the files inference needs (not a checkpoint's resume state) to ``dst``."""
+    """Copy the files inference needs (not a checkpoint's resume state), checked against
+    their digests, to ``dst``, with those digests."""
+    recorded = read_digests(folder)
+    check_digests(folder, MODEL_FILES, recorded)
     dst.mkdir(parents=True, exist_ok=True)
     for name in MODEL_FILES:
-        source = Path(folder) / name
-        if not source.is_file():
-            raise ConfigError(f"{source}: missing (not a complete raypeft model folder)")
-        shutil.copy2(source, dst / name)
+        shutil.copy2(Path(folder) / name, dst / name)
+    write_digests(dst, {name: recorded[name] for name in MODEL_FILES})
     return dst
 
 

@@ -19,7 +19,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from raypeft.errors import ConfigError
+from raypeft.errors import ConfigError, DamagedArtefact
 from raypeft.tracking.tags import (
     BACKBONE_TAG,
     EXPERIMENT_TAG,
@@ -36,6 +36,8 @@ from raypeft.tracking.tags import (
     TRIAL_TAG,
     VALUE_TAG,
 )
+from raypeft.training.checkpoints import MODEL_FILES
+from raypeft.training.digests import check_digests
 
 ALIAS_POLICIES = ("if_better", "always", "never")
 
@@ -305,4 +307,8 @@ def download_registered(store: str, uri: str, dst: Path) -> tuple[Path, str]:
     folder = Path(local)
     if not (folder / "config.yaml").is_file():
         raise ConfigError(f"--model {uri}: not a raypeft model (no artifacts/{PYFUNC_ARTIFACT}/)")
+    try:
+        check_digests(folder, MODEL_FILES)
+    except DamagedArtefact as damaged:
+        raise damaged.located(f"--model {uri}: artifacts/{PYFUNC_ARTIFACT}") from None
     return folder, run_id

@@ -10,19 +10,23 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from mlflow.entities import Experiment, Run
+from mlflow.entities import Experiment, Run, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from raypeft.errors import ConfigError
+from raypeft.errors import ConfigError, DamagedArtefact
 from raypeft.tracking.tags import (
     BEST_RUN_TAG,
+    DIGEST_TAG_PREFIX,
+    ERROR_TAG,
     INTERRUPTED_TAG,
     RESUMED_AFTER_TAG,
     ROLE_SEARCH,
     ROLE_TAG,
     ROLE_TRIAL,
 )
+from raypeft.training.checkpoints import MODEL_FILES
+from raypeft.training.digests import DIGESTS_FILE, check_digests, read_digests
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"  # MLflow's own default store
 MODEL_ARTIFACTS = "model"  # a trial run's best checkpoint
@@ -110,8 +114,40 @@ def best_trial_run(client: MlflowClient, experiment_name: str) -> Run:
     return get_run(client, run_id)
 
 
+def log_model(client: MlflowClient, run_id: str, folder: Path, artifact_path: str) -> None:
+    """Log a checkpoint's model files (best tensors, config, task) and their digests, not its
+    resume state; the digests also as tags of the run (``raypeft.sha256.<file>``), so that
+    what is downloaded later is checked against what the run recorded.
+
+    A checkpoint whose digests are missing or wrong is not logged: the run's error tag says
+    why (a Tune callback must not raise)."""
+    try:
+        recorded = read_digests(folder)
+        check_digests(folder, MODEL_FILES, recorded)
+    except DamagedArtefact as damaged:
+        client.set_tag(run_id, ERROR_TAG, f"model not logged: {damaged}")
+        return
+    client.log_batch(
+        run_id, tags=[RunTag(DIGEST_TAG_PREFIX + name, recorded[name]) for name in MODEL_FILES]
+    )
+    for name in (*MODEL_FILES, DIGESTS_FILE):
+        client.log_artifact(run_id, str(Path(folder) / name), artifact_path=artifact_path)
+
+
+def recorded_digests(run: Run) -> dict[str, str]:
+    """The digests of the model files a run logged, as its tags recorded them."""
+    tags = run.data.tags
+    return {
+        key.removeprefix(DIGEST_TAG_PREFIX): value
+        for key, value in tags.items()
+        if key.startswith(DIGEST_TAG_PREFIX)
+    }
+
+
 def download_model(client: MlflowClient, run: Run, dst: Path) -> Path:
-    """The trained artefacts of a trial run (or of a search's best model) as a local folder."""
+    """The trained artefacts of a trial run (or of a search's best model) as a local folder,
+    each file checked against the digest the run recorded (DamagedArtefact naming the run
+    and the file when one is missing or damaged)."""
     role = run.data.tags.get(ROLE_TAG)
     path = BEST_MODEL_ARTIFACTS if role == ROLE_SEARCH else MODEL_ARTIFACTS
     try:
@@ -122,6 +158,8 @@ def download_model(client: MlflowClient, run: Run, dst: Path) -> Path:
             "(a failed trial, or not a raypeft run)"
         ) from None
     folder = Path(local)
-    if not (folder / "config.yaml").is_file():
-        raise ConfigError(f"run {run.info.run_id}: {path}/config.yaml is missing")
+    try:
+        check_digests(folder, MODEL_FILES, recorded_digests(run) or None)
+    except DamagedArtefact as damaged:
+        raise damaged.located(f"run {run.info.run_id}: {path}") from None
     return folder

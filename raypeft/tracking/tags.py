@@ -42,6 +42,9 @@ REPEAT_OF_TAG = "raypeft.repeat_of"  # a repeat: the trial id it re-trains
 # what the trial trains apart from its seed (ExperimentConfig.configuration_of): the trials of
 # one configuration under search.seeds share it (MLflow's "group by" in the runs table)
 CONFIGURATION_TAG = "raypeft.configuration"
+# the SHA-256 of each model file a run logged (raypeft.sha256.trainable.safetensors), checked
+# when the model is downloaded (raypeft.training.digests)
+DIGEST_TAG_PREFIX = "raypeft.sha256."
 ERROR_TAG = "raypeft.error"  # why the trial failed (one line, credentials redacted)
 STOPPED_EARLY_TAG = "raypeft.stopped_early"  # "true" when the scheduler stopped the trial
 RESTARTS_TAG = "raypeft.restarts"  # how often Ray restarted the trial after a failure

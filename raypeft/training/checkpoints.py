@@ -1,8 +1,10 @@
 """What a trial's checkpoint folder holds, and how it is written and read back.
 
 The folder every evaluation reports holds the best model so far (its trainable tensors as
-safetensors, the resolved config as YAML, the task's labels as JSON: what serving loads) and
-``resume/``, where training stands now (:mod:`raypeft.training.resume`). No pickles.
+safetensors, the resolved config as YAML, the task's labels as JSON: what serving loads),
+``resume/``, where training stands now (:mod:`raypeft.training.resume`), and the digests of
+all of them (:mod:`raypeft.training.digests`), checked before anything is read back. No
+pickles.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from safetensors.torch import load_file, save_file
 from raypeft.config.redact import redact_config
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data import TokenizedTask
+from raypeft.errors import DamagedArtefact
 from raypeft.modeling.build import build_model
 from raypeft.modeling.precision import resolve_precision
 from raypeft.modeling.prompted import TRAINABLE_FILE, PromptedModel
+from raypeft.training.digests import check_digests, read_digests, record_digests
 from raypeft.training.resume import (
     LoopState,
     has_resume_state,
@@ -29,6 +33,8 @@ from raypeft.training.resume import (
 
 CONFIG_FILE = "config.yaml"
 TASK_FILE = "task.json"  # what inference needs of the task: label names, verbalizers, metrics
+# what serving needs of a checkpoint (no resume state, no optimizer), with their digests
+MODEL_FILES = (TRAINABLE_FILE, CONFIG_FILE, TASK_FILE)
 
 
 def task_metadata(task: TokenizedTask) -> dict:
@@ -52,7 +58,18 @@ def save_checkpoint(
     trainable: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """Trainable tensors (safetensors: ``trainable``, default the model's current ones), the
-    resolved config (YAML) and the task's labels (JSON) - no pickles."""
+    resolved config (YAML) and the task's labels (JSON) - no pickles - and their digests."""
+    _write_model_files(model, cfg, Path(folder), task, trainable)
+    record_digests(folder)
+
+
+def _write_model_files(
+    model: PromptedModel,
+    cfg: ExperimentConfig,
+    folder: Path,
+    task: TokenizedTask | None,
+    trainable: dict[str, torch.Tensor] | None,
+) -> None:
     save_file(
         trainable if trainable is not None else model.trainable_state_dict(),
         str(Path(folder) / TRAINABLE_FILE),
@@ -67,7 +84,9 @@ def save_checkpoint(
 
 def load_checkpoint(folder: Path, task: TokenizedTask) -> tuple[ExperimentConfig, PromptedModel]:
     """Rebuild a trained model from a checkpoint folder, on the CPU, in the precision it
-    trained in (fp16 falls back to what ``auto`` picks on the CPU)."""
+    trained in (fp16 falls back to what ``auto`` picks on the CPU); its files checked against
+    their digests first (DamagedArtefact, one line, when one is missing or damaged)."""
+    check_digests(folder, (TRAINABLE_FILE, CONFIG_FILE))
     cfg = ExperimentConfig.model_validate(yaml.safe_load((Path(folder) / CONFIG_FILE).read_text()))
     # the precision it trained in, where this machine's CPU can run it (fp16 cannot)
     precision = resolve_precision(cfg.train.precision, "cpu", strict=False)
@@ -85,9 +104,10 @@ def write_trial_checkpoint(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     loop: LoopState,
 ) -> None:
-    """The folder an evaluation reports: the best model so far, and ``resume/``."""
-    save_checkpoint(model, cfg, folder, task, trainable=loop.best_state)
+    """The folder an evaluation reports: the best model so far, ``resume/``, their digests."""
+    _write_model_files(model, cfg, folder, task, loop.best_state)
     save_resume_state(folder, model.trainable_state_dict(), optimizer, scheduler, loop)
+    record_digests(folder)
 
 
 def restore_trial(
@@ -98,9 +118,17 @@ def restore_trial(
 ) -> LoopState:
     """Where training starts: a fresh loop state, or, when ``folder`` holds resumable state
     (:func:`write_trial_checkpoint`), the one it saved, with model, optimizer, schedule and
-    RNG put back as they were and the best model's tensors in ``best_state``."""
+    RNG put back as they were and the best model's tensors in ``best_state``.
+
+    A folder that is incomplete or damaged (:func:`check_digests`) cannot be trusted: the
+    trial starts over, and the loop state says why (``restarted_because``)."""
     if not has_resume_state(folder):
         return LoopState()
+    try:
+        recorded = read_digests(folder)
+        check_digests(folder, recorded, recorded)
+    except DamagedArtefact as damaged:
+        return LoopState(restarted_because=f"checkpoint unusable, started over: {damaged}")
     current, loop = load_resume_state(folder, optimizer, scheduler)
     model.load_trainable_state_dict(current)
     best = Path(folder) / TRAINABLE_FILE

@@ -36,6 +36,7 @@ from raypeft.training.optimizer import (
 from raypeft.training.result_keys import (
     FAILURE_KEY,
     PRECISION_KEY,
+    RESTARTED_KEY,
     RESUMED_KEY,
     TRIAL_STEPS_KEY,
 )
@@ -138,6 +139,8 @@ def evaluation_result(
     metrics[TRIAL_STEPS_KEY] = max_steps  # the trial's own length (train.max_steps may be searched)
     if loop.resumed_from is not None:
         metrics[RESUMED_KEY] = loop.resumed_from
+    if loop.restarted_because is not None:
+        metrics[RESTARTED_KEY] = loop.restarted_because
     return metrics
 
 

@@ -14,9 +14,12 @@ FAILURE_KEY = "raypeft_failure"
 # Reported after a restart from a checkpoint (worker killed, search resumed): the step the
 # trial continued from.
 RESUMED_KEY = "resumed_from_step"
+# Reported instead after a restart whose checkpoint was incomplete or damaged
+# (raypeft.training.digests): why the trial started over from step 0.
+RESTARTED_KEY = "restarted_because"
 
 # Where the (rank-0) training process runs (raypeft.search.trial_runners.worker_identity);
-# with RESUMED_KEY these are tagged raypeft.<key> on the trial's MLflow run.
+# with RESUMED_KEY and RESTARTED_KEY these are tagged raypeft.<key> on the trial's MLflow run.
 WORKER_KEYS = ("worker_node_id", "worker_node_ip", "worker_pid")
 
 # What the trial's frozen backbone computes in: ``train.precision`` resolved on the trial's

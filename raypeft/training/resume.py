@@ -22,7 +22,8 @@ from safetensors.torch import load_file, save_file
 RESUME_DIR = "resume"
 _TENSORS = "state.safetensors"
 _STATE = "state.json"
-_NOT_SAVED = ("best_state", "resumed_from")  # LoopState fields that state.json leaves out
+# LoopState fields that state.json leaves out
+_NOT_SAVED = ("best_state", "resumed_from", "restarted_because")
 
 
 @dataclass
@@ -38,6 +39,8 @@ class LoopState:
     best_state: dict[str, torch.Tensor] | None = field(default=None, repr=False)
     # the step this process continued from when it resumed a trial (not serialised either)
     resumed_from: int | None = field(default=None, repr=False)
+    # why a restarted trial started over instead of resuming (its checkpoint was unusable)
+    restarted_because: str | None = field(default=None, repr=False)
 
     def count_step(self, examples: int, seconds: float) -> None:
         """One training step done, on ``examples`` (over all workers) in ``seconds``."""

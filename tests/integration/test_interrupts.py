@@ -200,3 +200,60 @@ def test_sigterm_then_a_second_signal_stops_at_once_and_stays_resumable(tmp_path
     # every trial trained in a pack; the interrupted one went on in a pack of the new search
     assert all(k.data.tags["raypeft.pack_id"] for k in after.values())
     assert any("raypeft.resumed_from_step" in k.data.tags for k in after.values())
+
+
+def _latest_checkpoint(tmp_path: Path, trial_id: str) -> Path:
+    """The newest checkpoint folder Tune kept for a trial (its folder names the trial id)."""
+    found = sorted((tmp_path / "ray_results").glob(f"*/*{trial_id}*/checkpoint_*"))
+    assert found, trial_id
+    return found[-1]
+
+
+def _one_line_error(proc, *expected: str) -> None:
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert line.startswith("error: ") and "Traceback" not in proc.stderr
+    assert all(text in line for text in expected), line
+
+
+def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
+    """The paused trial's checkpoint damaged, ``--resume`` trains that trial again from step
+    0, says so, and counts it as what it is (finished, not failed); the finished search's
+    model damaged in MLflow's store, ``predict`` and ``export`` refuse it in one line naming
+    the run and the file."""
+    proc = _start(tmp_path)
+    try:
+        _, running = _one_finished_one_midway(tmp_path, proc)
+        os.kill(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=180) == 130, (tmp_path / "stdout.log").read_text()[-3000:]
+    finally:
+        kill_session(proc)
+    state = _latest_checkpoint(tmp_path, running) / "resume" / "state.safetensors"
+    state.write_bytes(state.read_bytes()[:1000])  # a bad disk: the file cut short
+
+    resumed = _resume(tmp_path, _paused_line(tmp_path, "SIGINT"))
+    output = resumed.stdout + resumed.stderr
+    assert "Traceback" not in output
+    assert "Search finished: 3 trials (0 stopped early, 0 failed)" in resumed.stdout
+    (said,) = [ln for ln in resumed.stdout.splitlines() if "started over from step 0" in ln]
+    assert said.startswith("  1 of them") and running in said
+    client, parent, _ = parent_and_kids(tmp_path)
+    after = _assert_completed_once(tmp_path, parent.info.run_id)
+    reason = after[running].data.tags["raypeft.restarted_because"]
+    assert "state.safetensors: damaged" in reason and "started over" in reason
+
+    best_run = client.get_run(parent.data.tags["raypeft.best_run_id"])
+    stored = Path(best_run.info.artifact_uri.removeprefix("file://")) / "model"
+    trainable = stored / "trainable.safetensors"
+    intact = trainable.read_bytes()
+    trainable.write_bytes(intact[:-10])  # an upload cut short
+    where = f"run {best_run.info.run_id}: model/trainable.safetensors: damaged"
+    predict = ["predict", "--experiment", STUDY, "--input", "-"]
+    _one_line_error(run_cli(predict, tmp_path, stdin="good\n"), where)
+    export = ["export", "--experiment", STUDY, "--format", "peft", "--out", "x"]
+    _one_line_error(run_cli(export, tmp_path), where)
+    assert not (tmp_path / "x").exists()
+    trainable.write_bytes(intact)
+    (stored / "config.yaml").unlink()
+    missing = f"run {best_run.info.run_id}: model/config.yaml: missing"
+    _one_line_error(run_cli(predict, tmp_path, stdin="good\n"), missing)

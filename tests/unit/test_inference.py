@@ -10,6 +10,7 @@ examples through the training path (tokenised task arrays, precomputed features)
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -26,10 +27,12 @@ from torch.utils.data import DataLoader
 from raypeft.cli.main import main
 from raypeft.config.schema import ExperimentConfig
 from raypeft.data.tokenize import prepare_task
-from raypeft.errors import ConfigError
+from raypeft.errors import ConfigError, DamagedArtefact
+from raypeft.modeling.prompted import TRAINABLE_FILE
 from raypeft.serving.predict import UNMATCHED, Predictor, load_trained, tokenize_inputs
-from raypeft.training.checkpoints import TASK_FILE, load_checkpoint
+from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE, load_checkpoint
 from raypeft.training.datasets import split_dataset
+from raypeft.training.digests import DIGESTS_FILE
 from raypeft.training.loop import train
 
 S = 16
@@ -264,15 +267,41 @@ def test_regression_returns_the_value(trained, tmp_path_factory):
     assert preds[0].label == f"{values[0]:.4g}" and preds[0].label_id is None
 
 
-def test_missing_artefacts_are_config_errors(trained, tmp_path):
+@pytest.mark.parametrize("name", [TRAINABLE_FILE, CONFIG_FILE, TASK_FILE])
+@pytest.mark.parametrize("fault", ["deleted", "truncated", "one byte changed"])
+def test_a_missing_or_damaged_model_file_is_one_line_naming_it(trained, tmp_path, name, fault):
+    _, task, folder = trained("tiny-bert", PT)
+    copy = tmp_path / "copy"
+    shutil.copytree(folder, copy)
+    path = copy / name
+    data = path.read_bytes()
+    if fault == "deleted":
+        path.unlink()
+    elif fault == "truncated":  # an upload cut short
+        path.write_bytes(data[: len(data) // 2])
+    else:  # a bad disk: same size, one byte off
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    expected = "missing" if fault == "deleted" else "damaged"
+    with pytest.raises(DamagedArtefact, match=f"^{re.escape(str(path))}: {expected}") as caught:
+        Predictor.from_folder(copy)
+    assert "\n" not in str(caught.value)
+    if name != TASK_FILE:  # the test split's scoring reads the checkpoint (not task.json)
+        with pytest.raises(DamagedArtefact, match=f"^{re.escape(str(path))}: {expected}"):
+            load_checkpoint(copy, task)
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbage"])
+def test_a_folder_without_readable_digests_is_refused(trained, tmp_path, damage):
     _, _, folder = trained("tiny-bert", PT)
     copy = tmp_path / "copy"
     shutil.copytree(folder, copy)
-    (copy / TASK_FILE).unlink()
-    with pytest.raises(ConfigError, match="task.json: missing"):
+    digests = copy / DIGESTS_FILE
+    digests.unlink() if damage == "deleted" else digests.write_bytes(b"\x00{not json")
+    problem = "missing" if damage == "deleted" else "unreadable"
+    with pytest.raises(DamagedArtefact, match=f"digests.json: {problem}"):
         Predictor.from_folder(copy)
-    with pytest.raises(ConfigError, match="config.yaml: missing"):
-        Predictor.from_folder(tmp_path)
+    with pytest.raises(DamagedArtefact, match="digests.json: missing"):
+        Predictor.from_folder(tmp_path / "nothing here")
 
 
 # ----------------------------------------------------------------------------- peft export

@@ -153,6 +153,7 @@ def test_signature_and_input_example_follow_the_task(saved, pair_task_files):  #
     assert not list(path.rglob("*.pkl"))
     assert sorted(p.name for p in (path / "artifacts" / "raypeft_model").iterdir()) == [
         "config.yaml",
+        "digests.json",
         "task.json",
         "trainable.safetensors",
     ]

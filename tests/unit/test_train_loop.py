@@ -21,6 +21,7 @@ from raypeft.modeling.build import build_model
 from raypeft.modeling.prompted import TRAINABLE_FILE
 from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE, load_checkpoint
 from raypeft.training.datasets import split_dataset
+from raypeft.training.digests import DIGESTS_FILE
 from raypeft.training.evaluation import evaluate
 from raypeft.training.loop import train
 from raypeft.training.optimizer import build_optimizer, build_scheduler
@@ -28,6 +29,7 @@ from raypeft.training.result_keys import (
     CHECKPOINT_METRIC_KEY,
     CHECKPOINT_MODE_KEY,
     FAILURE_KEY,
+    RESTARTED_KEY,
     RESUMED_KEY,
     TRIAL_STEPS_KEY,
     ran_to_end,
@@ -161,7 +163,7 @@ def test_train_reports_and_checkpoints_best(tmp_path, task, method):
 
     ckpt = rec.checkpoints[-1]
     files = sorted(p.name for p in ckpt.iterdir())
-    assert files == sorted([CONFIG_FILE, TASK_FILE, TRAINABLE_FILE, RESUME_DIR])
+    assert files == sorted([CONFIG_FILE, DIGESTS_FILE, TASK_FILE, TRAINABLE_FILE, RESUME_DIR])
     saved = yaml.safe_load((ckpt / CONFIG_FILE).read_text())
     assert saved["method"]["name"] == method.name and saved["train"]["max_steps"] == 30
     if isinstance(method, DePTConfig):
@@ -371,6 +373,48 @@ def test_resumed_trial_continues_exactly_where_it_stopped(tmp_path, task):
         a = load_file(str(whole.checkpoints[-1] / name))
         b = load_file(str(second.checkpoints[-1] / name))
         assert a.keys() == b.keys() and [k for k in a if not torch.equal(a[k], b[k])] == [], name
+
+
+@pytest.mark.parametrize(
+    "fault",
+    ["resume state truncated", "best tensors deleted", "digests missing (save cut off)"],
+)
+def test_a_trial_restarted_from_an_unusable_checkpoint_starts_over_and_says_why(
+    tmp_path, task, fault
+):
+    """Its checkpoint damaged or incomplete, a restarted trial trains from step 0 exactly as
+    a fresh one does, and every report says why it started over (tagged on its MLflow run)."""
+    cfg = experiment(max_steps=30)
+    whole = Recorder(tmp_path / "whole")
+    train(cfg, task, whole)
+    first = Recorder(tmp_path / "first")
+
+    def dies_after_step_20(metrics, folder):
+        first(metrics, folder)
+        if metrics["step"] == 20:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(cfg, task, dies_after_step_20)
+    folder = first.checkpoints[-1]
+    if fault == "resume state truncated":
+        state = folder / RESUME_DIR / "state.safetensors"
+        state.write_bytes(state.read_bytes()[:100])
+    elif fault == "best tensors deleted":
+        (folder / TRAINABLE_FILE).unlink()
+    else:
+        (folder / DIGESTS_FILE).unlink()
+    again = Recorder(tmp_path / "again")
+    train(cfg, task, again, resume_from=folder)
+
+    assert [m["step"] for m, _ in again.calls] == [10, 20, 30]
+    reason = again.calls[0][0][RESTARTED_KEY]
+    assert reason.startswith("checkpoint unusable, started over: ") and str(folder) in reason
+    assert all(m[RESTARTED_KEY] == reason and RESUMED_KEY not in m for m, _ in again.calls)
+    keys = ["train_loss", "val_loss", "val_accuracy", "best_val_accuracy", "best_step"]
+    assert [[m[k] for k in keys] for m, _ in again.calls] == [
+        [m[k] for k in keys] for m, _ in whole.calls
+    ]
 
 
 def test_global_batches_split_evenly_across_workers():
