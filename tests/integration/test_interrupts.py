@@ -202,11 +202,12 @@ def test_sigterm_then_a_second_signal_stops_at_once_and_stays_resumable(tmp_path
     assert any("raypeft.resumed_from_step" in k.data.tags for k in after.values())
 
 
-def _latest_checkpoint(tmp_path: Path, trial_id: str) -> Path:
-    """The newest checkpoint folder Tune kept for a trial (its folder names the trial id)."""
+def _checkpoints(tmp_path: Path, trial_id: str) -> list[Path]:
+    """The checkpoint folders on disk of a trial (its folder names the trial id): the one
+    Tune's last experiment snapshot names, and any newer one the trial wrote after it."""
     found = sorted((tmp_path / "ray_results").glob(f"*/*{trial_id}*/checkpoint_*"))
     assert found, trial_id
-    return found[-1]
+    return found
 
 
 def _one_line_error(proc, *expected: str) -> None:
@@ -228,8 +229,9 @@ def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
         assert proc.wait(timeout=180) == 130, (tmp_path / "stdout.log").read_text()[-3000:]
     finally:
         kill_session(proc)
-    state = _latest_checkpoint(tmp_path, running) / "resume" / "state.safetensors"
-    state.write_bytes(state.read_bytes()[:1000])  # a bad disk: the file cut short
+    for checkpoint in _checkpoints(tmp_path, running):  # whichever Tune restores
+        state = checkpoint / "resume" / "state.safetensors"
+        state.write_bytes(state.read_bytes()[:1000])  # a bad disk: the file cut short
 
     resumed = _resume(tmp_path, _paused_line(tmp_path, "SIGINT"))
     output = resumed.stdout + resumed.stderr
