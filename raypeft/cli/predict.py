@@ -28,6 +28,7 @@ from raypeft.cli.options import (
     quiet_libraries,
     run_options,
 )
+from raypeft.config.schema import PRECISIONS
 from raypeft.errors import ConfigError
 
 Record = tuple[str, str | None]  # (text, pair)
@@ -116,6 +117,15 @@ def format_prediction(p, predictor, output_format: str, pair: bool) -> str:
     help="text: label<TAB>probability<TAB>text; jsonl: {text, label, label_id, score, "
     "probabilities}, the served model's row with the input",
 )
+@click.option(
+    "--precision",
+    type=click.Choice(["trained", *PRECISIONS]),
+    default="trained",
+    show_default=True,
+    help="what the frozen backbone computes in: trained (its train.precision, where this "
+    "machine runs it), or a precision; fp32 gives exactly the numbers of the exported peft "
+    "adapter, which peft runs in fp32",
+)
 def command(
     run_id: str | None,
     experiment: str | None,
@@ -124,6 +134,7 @@ def command(
     input_path: str,
     batch_size: int,
     output_format: str,
+    precision: str,
 ) -> None:
     """Classify texts with a trained trial (from MLflow); one output line per input line.
 
@@ -142,7 +153,7 @@ def command(
         with _open_input(input_path) as stream:
             records = read_records(stream, pair=pair, jsonl=jsonl, source=source)
             first = _first_batch(records, batch_size, source)  # bad input fails before the model
-            predictor = _load_predictor(folder)
+            predictor = _load_predictor(folder, precision)
             start = time.perf_counter()
             batches = predictor.predict_batches(chain(first, records), batch_size=batch_size)
             count = _write(batches, predictor, output_format, pair, source)
@@ -217,14 +228,23 @@ def _first_batch(records: Iterator[Record], batch_size: int, source: str) -> lis
     return first
 
 
-def _load_predictor(folder: Path):
+def _load_predictor(folder: Path, precision: str):
+    """The trained model on this machine's device, computing in ``precision`` (``trained``:
+    what it trained in, where this device runs it; else exactly that, or one line why not)."""
     import torch  # why: torch and transformers are slow to import
 
+    from raypeft.modeling.precision import resolve_precision
     from raypeft.serving.predict import Predictor
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    chosen = None
+    if precision != "trained":
+        try:
+            chosen = resolve_precision(precision, device)
+        except ConfigError as exc:
+            fail(f"--precision {precision}: {str(exc).removeprefix('train.precision: ')}")
     try:
-        return Predictor.from_folder(folder, device=device)
+        return Predictor.from_folder(folder, device=device, precision=chosen)
     except (ConfigError, ValueError, OSError) as exc:
         fail(f"cannot load the trained model: {first_line(exc)}")
 

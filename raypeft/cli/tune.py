@@ -65,7 +65,9 @@ def command(
     given = overrides
     if tracking_uri:
         overrides = (*overrides, f"tracking.uri={tracking_uri}")
-    cfg, _ = load_and_check(space_file, overrides, address)
+    cfg, checked = load_and_check(space_file, overrides, address)
+    for note in checked.notes:
+        click.echo(f"note: {note}", err=True)
     # why: Ray, MLflow and Optuna take seconds to import; --help and bad input answer sooner
     from raypeft.search.interrupts import SearchInterrupted
     from raypeft.search.run import SearchFailed, run_experiment

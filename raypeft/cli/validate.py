@@ -58,6 +58,8 @@ def command(
             failed += 1
             continue
         click.echo(ok_line(file, cfg, checked, address))
+        for note in checked.notes:
+            click.echo(f"  note: {note}")
     if failed:
         sys.exit(EXIT_USER_ERROR)
 

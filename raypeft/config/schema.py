@@ -11,7 +11,7 @@ import itertools
 import math
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     Field,
@@ -96,6 +96,11 @@ class TaskConfig(StrictModel):
     )
 
 
+# what train.precision may say (raypeft.modeling.precision resolves it on a device)
+PrecisionSetting = Literal["auto", "fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = get_args(PrecisionSetting)
+
+
 class TrainConfig(StrictModel):
     """The training loop shared by every method (defaults follow DePT's Table 10)."""
 
@@ -121,7 +126,7 @@ class TrainConfig(StrictModel):
     num_threads: int | None = Field(
         None, ge=1, description="torch threads per worker (default: its CPUs)"
     )
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+    precision: PrecisionSetting = Field(
         "auto",
         description="what the frozen backbone computes in; trainable tensors and optimizer "
         "state stay fp32. auto: bf16 where the hardware runs it fast (CUDA compute "

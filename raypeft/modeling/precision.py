@@ -18,10 +18,10 @@ from typing import Literal
 import torch
 from torch import nn
 
+from raypeft.config.schema import PRECISIONS
 from raypeft.errors import ConfigError
 
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+Precision = Literal["fp32", "bf16", "fp16"]  # what a setting resolves to on a device
 
 _DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,

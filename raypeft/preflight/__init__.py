@@ -25,7 +25,7 @@ from raypeft.data.tasks import TaskSpec
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.preflight.data import check_task
-from raypeft.preflight.model import check_model
+from raypeft.preflight.model import check_model, export_note
 from raypeft.preflight.settings import check_method_settings
 from raypeft.search.resources import check_fits, local_nodes, trials_at_once
 from raypeft.tracking.stores import check_stores, check_tracking_store
@@ -45,6 +45,7 @@ class Checked:
     method_settings: int  # distinct method settings of the space, each checked
     resources_checked: bool  # False for a cluster (``address``): checked once connected
     trials_at_once: int | None = None  # on this machine; None for a cluster
+    notes: tuple[str, ...] = ()  # what is allowed but worth knowing first (e.g. no export)
 
 
 def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None) -> Checked:
@@ -64,7 +65,9 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
     except ConfigError as exc:
         text = str(exc)
         raise ConfigError(text if text.startswith(f"{source}: ") else f"{source}: {text}") from None
-    return Checked(task.spec, task.sizes, model.dims, settings, address is None, at_once)
+    note = export_note(cfg, model.dims)
+    notes = (note,) if note else ()
+    return Checked(task.spec, task.sizes, model.dims, settings, address is None, at_once, notes)
 
 
 def _check_stores(cfg: ExperimentConfig) -> None:

@@ -36,6 +36,7 @@ from safetensors.torch import save_file
 
 from raypeft.config.schema import ExperimentConfig
 from raypeft.errors import ConfigError
+from raypeft.serving.model_card import model_card
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -174,41 +175,6 @@ def adapter_tensors(cfg: ExperimentConfig, model) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _readme(cfg: ExperimentConfig, meta: dict[str, Any], config: Any, model) -> str:
-    labels = meta.get("label_names") or meta.get("verbalizers")
-    lines = [
-        f"# {_value(config.peft_type)} adapter exported by raypeft",
-        "",
-        f"- base model: `{config.base_model_name_or_path}`"
-        + (f" (revision `{cfg.model.revision}`)" if cfg.model.revision else ""),
-        f"- task: {meta['name']} ({meta['problem']}, {meta['num_labels']} labels"
-        + (f": {', '.join(map(str, labels))}" if labels else "")
-        + ")",
-        f"- raypeft method: {cfg.method.name}; inputs padded/truncated to "
-        f"{cfg.model.max_length} tokens" + ("; text pairs" if meta.get("text_pair") else ""),
-        "",
-        "```python",
-        "from peft import PeftModel",
-        "model = PeftModel.from_pretrained(base_model, 'this folder')",
-        "```",
-    ]
-    if cfg.model.name in _tiny_names():
-        lines += [
-            "",
-            f"`{cfg.model.name}` is a raypeft test model: randomly initialised from a config "
-            f"(seed {cfg.train.seed}), not on the Hub; build it with "
-            "`raypeft.modeling.backbones.load_backbone`.",
-        ]
-    if model.kind == "decoder":
-        lines += [
-            "",
-            "Decoder note: raypeft pads on the left and numbers positions over real tokens "
-            "only; peft ignores position ids, so for identical logits feed peft unpadded "
-            "inputs (one text at a time).",
-        ]
-    return "\n".join(lines) + "\n"
-
-
 def _value(enum_or_str) -> str:
     return str(getattr(enum_or_str, "value", enum_or_str))
 
@@ -220,12 +186,16 @@ def _tiny_names() -> set[str]:
     return set(TINY_CONFIGS)
 
 
-def write_adapter(folder: Path, cfg: ExperimentConfig, meta: dict[str, Any], model) -> Any:
-    """Write the adapter files into ``folder``; returns peft's config."""
+def write_adapter(
+    folder: Path, cfg: ExperimentConfig, meta: dict[str, Any], model, out: Path
+) -> Any:
+    """Write the adapter files into ``folder`` (moved to ``out`` once verified, which its
+    model card names); returns peft's config."""
     config = adapter_config(cfg, meta, model)
     config.save_pretrained(str(folder))  # adapter_config.json, as peft writes it
     save_file(adapter_tensors(cfg, model), str(folder / ADAPTER_WEIGHTS), WEIGHTS_METADATA)
-    (folder / README).write_text(_readme(cfg, meta, config, model))
+    tiny = cfg.model.name in _tiny_names()
+    (folder / README).write_text(model_card(cfg, meta, config, model.kind, out, tiny))
     return config
 
 
@@ -436,7 +406,7 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
         umask = os.umask(0)
         os.umask(umask)
         staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the export private
-        config = write_adapter(staging, cfg, meta, model)
+        config = write_adapter(staging, cfg, meta, model, out)
         with warnings.catch_warnings():  # peft warns about ignored position ids etc.
             warnings.simplefilter("ignore")
             checks = verify_adapter(staging, cfg, meta, predictor)
@@ -453,7 +423,7 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
             f"{config.base_model_name_or_path}"
         ),
         ADAPTER_WEIGHTS: shapes,
-        README: "how to load it, labels",
+        README: "model card: base model and class, labels, inputs, precision, a snippet",
     }
     return ExportResult(out, _value(config.peft_type), _value(config.task_type), files, checks)
 

@@ -126,10 +126,25 @@ def test_validate_takes_several_files_and_reports_each(tmp_path):
     dept, pt = (str(REPO / "search_spaces" / f) for f in ("dept.yaml", "pt.yaml"))
     result = invoke("validate", dept, str(broken), pt)
     assert result.exit_code == 2
-    lines = result.output.strip().splitlines()
+    lines = [ln for ln in result.output.strip().splitlines() if not ln.startswith("  note: ")]
     assert len(lines) == 3 and f"{dept}: ok" in result.output and f"{pt}: ok" in result.output
     assert f"error: {broken}: method: required key is missing" in result.output
     assert invoke("validate", dept, pt).exit_code == 0
+
+
+def test_validate_says_when_the_searchs_models_will_not_export(tmp_path):
+    """The shipped pt.yaml on minilm: its head mean-pools (auto), which peft cannot load; a
+    note says so at validate time, and head_pooling: first makes it exportable (no note)."""
+    pt = str(REPO / "search_spaces" / "pt.yaml")
+    result = invoke("validate", pt)
+    assert result.exit_code == 0, result.output
+    (note,) = [ln for ln in result.output.splitlines() if ln.startswith("  note: ")]
+    assert "model.head_pooling: auto resolves to mean on minilm" in note
+    assert "raypeft export --format peft` will refuse them" in note
+    first = invoke("validate", pt, "--set", "model.head_pooling=first")
+    assert first.exit_code == 0 and "note:" not in first.output
+    dept = invoke("validate", str(REPO / "search_spaces" / "dept.yaml"))  # no peft equivalent
+    assert dept.exit_code == 0 and "note:" not in dept.output
 
 
 def test_the_experiment_file_is_an_argument_of_tune_as_of_validate(tmp_path):

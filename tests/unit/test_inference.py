@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -359,6 +360,46 @@ def test_export_pt_round_trip_through_peft(trained, tmp_path):
     np.testing.assert_allclose(theirs.numpy(), predictor.raw_predictions(texts), atol=1e-5)
 
 
+def card_snippet(out: Path) -> str:
+    """The Python block of an exported adapter's model card."""
+    card = (out / "README.md").read_text()
+    return card.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["tiny-bert", {"name": "minilm", "head_pooling": "first"}, "tiny-gpt2"],
+    ids=["tiny-bert", "minilm", "tiny-gpt2"],
+)
+def test_the_model_cards_snippet_runs_as_written_and_prints_what_predict_prints(
+    trained, tmp_path, model
+):
+    from raypeft.serving.export import export_peft
+    from raypeft.serving.model_card import SNIPPET_TEXTS, id2label
+
+    _, _, folder = trained(model, PT)
+    out = tmp_path / "adapter"
+    export_peft(folder, out)
+    card = (out / "README.md").read_text()
+    predictor = Predictor.from_folder(folder, precision="fp32")  # what peft computes in
+    assert json.dumps(id2label(predictor.meta)) in card and f"`max_length` {S}" in card
+    assert "raypeft predict --precision fp32" in card
+    ran = subprocess.run(
+        [sys.executable, "-c", card_snippet(out)], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "MISSING" not in ran.stdout + ran.stderr  # the new head's load report is silenced
+    printed = [line.split("\t") for line in ran.stdout.splitlines()]
+    expected = predictor.predict(list(SNIPPET_TEXTS))
+    assert [row[2] for row in printed] == list(SNIPPET_TEXTS)
+    if predictor.kind == "encoder":  # decoders: peft ignores raypeft's position ids
+        assert [(row[0], row[1]) for row in printed] == [
+            (p.label, f"{p.score:.4f}") for p in expected
+        ]
+    else:
+        assert {row[0] for row in printed} <= set(id2label(predictor.meta).values())
+
+
 @pytest.mark.parametrize(
     "model, method, peft_type, task_type",
     [
@@ -535,6 +576,34 @@ def test_predict_command_text_jsonl_and_sources(store, trained, tmp_path):
         assert [r["text"] for r in records] == texts
         assert [r["label"] for r in records] == [p.label for p in expected]
         np.testing.assert_allclose([r["score"] for r in records], [p.score for p in expected])
+
+
+def test_predict_precision_fp32_gives_the_exported_adapters_numbers(store, trained):
+    """``--precision fp32`` computes as peft runs the exported adapter; the default is what the
+    model trained in (bf16 on this CPU where it has AVX512-BF16); fp16 cannot run on a CPU."""
+    _, task, folder = trained("tiny-bert", PT)
+    texts = task.texts["validation"][:5]
+    stdin = "\n".join(texts) + "\n"
+    for flag, expected in (
+        ("fp32", Predictor.from_folder(folder, precision="fp32").predict(texts)),
+        ("trained", Predictor.from_folder(folder).predict(texts)),
+    ):
+        result = invoke(
+            "predict", "--experiment", "pt-bert", "--tracking-uri", store.uri,
+            "--precision", flag, input=stdin,
+        )  # fmt: skip
+        assert result.exit_code == 0, result.output
+        assert result.stdout.splitlines() == [
+            f"{p.label}\t{p.score:.4f}\t{p.text}" for p in expected
+        ]
+    if not torch.cuda.is_available():
+        result = invoke(
+            "predict", "--experiment", "pt-bert", "--tracking-uri", store.uri,
+            "--precision", "fp16", input=stdin,
+        )  # fmt: skip
+        assert result.exit_code == 2 and result.stdout == ""
+        assert result.stderr.startswith("error: --precision fp16: ")
+        assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_predict_command_pairs(store, trained, pair_task_files, tmp_path):
