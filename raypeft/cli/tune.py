@@ -135,8 +135,9 @@ def print_summary(s) -> None:
     )
     if s.started_over:
         echo(
-            f"  {len(s.started_over)} of them started over from step 0, their checkpoint "
-            f"damaged or incomplete ({', '.join(s.started_over)}; why: the tag "
+            f"  {len(s.started_over)} of them could not resume from the checkpoint Tune named "
+            f"(damaged or incomplete) and went back to an intact one or started over "
+            f"({', '.join(s.started_over)}; which and why: the tag "
             f"{result_tag(RESTARTED_KEY)} of their MLflow runs)"
         )
     if not s.constraints_met:

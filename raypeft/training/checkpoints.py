@@ -116,22 +116,50 @@ def restore_trial(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
 ) -> LoopState:
-    """Where training starts: a fresh loop state, or, when ``folder`` holds resumable state
-    (:func:`write_trial_checkpoint`), the one it saved, with model, optimizer, schedule and
-    RNG put back as they were and the best model's tensors in ``best_state``.
+    """Where training starts: a fresh loop state, or, for a restarted trial (``folder``: the
+    checkpoint Tune hands it), the state :func:`write_trial_checkpoint` saved, with model,
+    optimizer, schedule and RNG put back as they were and the best model's tensors in
+    ``best_state``.
 
-    A folder that is incomplete or damaged (:func:`check_digests`) cannot be trusted: the
-    trial starts over, and the loop state says why (``restarted_because``)."""
-    if not has_resume_state(folder):
+    A checkpoint that is incomplete or damaged (:func:`check_digests`) cannot be trusted: the
+    trial goes back to its newest intact checkpoint beside it (Tune keeps one; a node lost
+    mid-deletion or mid-save can leave a stale one named and an intact one unnamed), or starts
+    over; the loop state says why (``restarted_because``)."""
+    if folder is None:
         return LoopState()
+    usable, problem = intact_checkpoint(Path(folder))
+    if usable is None:
+        return LoopState(restarted_because=f"checkpoint unusable, started over: {problem}")
+    current, loop = load_resume_state(usable, optimizer, scheduler)
+    model.load_trainable_state_dict(current)
+    loop.best_state = load_file(str(usable / TRAINABLE_FILE))
+    loop.resumed_from = loop.step
+    if usable != Path(folder):
+        loop.restarted_because = f"checkpoint unusable, resumed from {usable.name}: {problem}"
+    return loop
+
+
+def intact_checkpoint(folder: Path) -> tuple[Path | None, str | None]:
+    """``folder`` when it is a complete, undamaged trial checkpoint, else the newest such
+    checkpoint beside it (``checkpoint_*``, the same trial's), else None; with what is wrong
+    with ``folder`` (None when it is intact)."""
+    problem = _fault(folder)
+    if problem is None:
+        return folder, None
+    siblings = sorted(folder.parent.glob("checkpoint_*"), reverse=True)
+    for other in siblings:
+        if other != folder and other.is_dir() and _fault(other) is None:
+            return other, problem
+    return None, problem
+
+
+def _fault(folder: Path) -> str | None:
+    """What makes ``folder`` unusable to resume from (None: nothing)."""
     try:
         recorded = read_digests(folder)
         check_digests(folder, recorded, recorded)
     except DamagedArtefact as damaged:
-        return LoopState(restarted_because=f"checkpoint unusable, started over: {damaged}")
-    current, loop = load_resume_state(folder, optimizer, scheduler)
-    model.load_trainable_state_dict(current)
-    best = Path(folder) / TRAINABLE_FILE
-    loop.best_state = load_file(str(best)) if best.is_file() else None
-    loop.resumed_from = loop.step
-    return loop
+        return str(damaged)
+    if not has_resume_state(folder):
+        return f"{folder}: holds no resume state"
+    return None

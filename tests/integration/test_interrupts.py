@@ -237,7 +237,7 @@ def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
     output = resumed.stdout + resumed.stderr
     assert "Traceback" not in output
     assert "Search finished: 3 trials (0 stopped early, 0 failed)" in resumed.stdout
-    (said,) = [ln for ln in resumed.stdout.splitlines() if "started over from step 0" in ln]
+    (said,) = [ln for ln in resumed.stdout.splitlines() if "could not resume" in ln]
     assert said.startswith("  1 of them") and running in said
     client, parent, _ = parent_and_kids(tmp_path)
     after = _assert_completed_once(tmp_path, parent.info.run_id)

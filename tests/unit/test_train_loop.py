@@ -417,6 +417,34 @@ def test_a_trial_restarted_from_an_unusable_checkpoint_starts_over_and_says_why(
     ]
 
 
+@pytest.mark.parametrize("named, intact, step", [(1, 0, 10), (0, 1, 20)])
+def test_a_trial_goes_back_to_its_newest_intact_checkpoint_beside_the_damaged_one(
+    tmp_path, task, named, intact, step
+):
+    """Tune names one checkpoint of the trial's folder; damaged, the trial resumes from the
+    newest intact one beside it (older, or newer than Tune's last snapshot knew of) and ends
+    exactly as an uninterrupted trial."""
+    cfg = experiment(max_steps=30)
+    whole = Recorder(tmp_path / "whole")
+    train(cfg, task, whole)
+    trial = tmp_path / "trial"
+    for index, checkpoint in enumerate(whole.checkpoints[:2]):  # steps 10 and 20
+        shutil.copytree(checkpoint, trial / f"checkpoint_{index:06d}")
+    tune_named = trial / f"checkpoint_{named:06d}"
+    (tune_named / CONFIG_FILE).unlink()  # a deletion cut short by a lost node
+    again = Recorder(tmp_path / "again")
+    train(cfg, task, again, resume_from=tune_named)
+
+    assert [m["step"] for m, _ in again.calls] == list(range(step + 10, 31, 10))
+    reason = again.calls[0][0][RESTARTED_KEY]
+    assert f"resumed from checkpoint_{intact:06d}" in reason and "config.yaml: missing" in reason
+    assert all(m[RESUMED_KEY] == step for m, _ in again.calls)
+    keys = ["train_loss", "val_loss", "val_accuracy", "best_val_accuracy", "best_step"]
+    assert [[m[k] for k in keys] for m, _ in again.calls] == [
+        [m[k] for k in keys] for m, _ in whole.calls[step // 10 :]
+    ]
+
+
 def test_global_batches_split_evenly_across_workers():
     one = GlobalBatchSampler(50, 8, seed=3)
     two = [GlobalBatchSampler(50, 8, seed=3, rank=r, world_size=2) for r in range(2)]
