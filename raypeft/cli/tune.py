@@ -19,6 +19,7 @@ from raypeft.cli.options import (
     quiet_libraries,
 )
 from raypeft.config.redact import redact_uri
+from raypeft.data.metrics import format_metric
 from raypeft.errors import ConfigError
 from raypeft.tracking.tags import result_tag
 from raypeft.training.result_keys import RESTARTED_KEY
@@ -146,7 +147,7 @@ def print_summary(s) -> None:
     for key, value in sorted(s.best_params.items()):
         echo(f"  {key} = {value}")
     val = ", ".join(
-        f"{k[len('val_') :]} {v:.4f}"
+        f"{k[len('val_') :]} {format_metric(v)}"
         for k, v in s.best_validation.items()
         if not k.endswith(("loss", "samples_per_s"))
     )
@@ -155,10 +156,8 @@ def print_summary(s) -> None:
         echo(f"  repeated seeds (mean ± std of validation {s.metric}):")
         for group in s.repeats:
             mark = "*" if group.trial_id == s.best_trial_id else " "
-            echo(
-                f"   {mark} {group.trial_id}: {group.mean:.4f} ± {group.std:.4f} "
-                f"over seeds {sorted(group.scores)}"
-            )
+            spread = f"{format_metric(group.mean)} ± {format_metric(group.std)}"
+            echo(f"   {mark} {group.trial_id}: {spread} over seeds {sorted(group.scores)}")
     _print_test(s.test)
     if s.pareto:
         names = [o.name for o in s.objectives]
@@ -180,18 +179,20 @@ def print_summary(s) -> None:
 def _print_test(test: dict[str, float]) -> None:
     """The best configuration's test scores (and their mean ± std over repeated seeds)."""
     line = ", ".join(
-        f"{k[len('test_') :]} {v:.4f}"
+        f"{k[len('test_') :]} {format_metric(v)}"
         for k, v in test.items()
         if not k.endswith(("loss", "samples_per_s", "majority_class_accuracy"))
         and not k.endswith(("_mean", "_std", "_seeds"))
     )
     if "test_majority_class_accuracy" in test:
-        line += f" (majority-class accuracy {test['test_majority_class_accuracy']:.4f})"
+        majority = format_metric(test["test_majority_class_accuracy"])
+        line += f" (majority-class accuracy {majority})"
     click.echo(f"  test:       {line or 'n/a'}")
     means = [k for k in test if k.endswith("_mean")]
     if means:
         over = ", ".join(
-            f"{k[len('test_') : -len('_mean')]} {test[k]:.4f} ± {test[k[:-5] + '_std']:.4f}"
+            f"{k[len('test_') : -len('_mean')]} {format_metric(test[k])} "
+            f"± {format_metric(test[k[:-5] + '_std'])}"
             for k in means
         )
         click.echo(f"  test over its {int(test[means[0][:-5] + '_seeds'])} seeds: {over}")

@@ -124,6 +124,16 @@ METRICS: dict[str, Callable[[np.ndarray, np.ndarray], float]] = {
 # Every metric above is better when larger; the evaluation loss is reported too.
 METRIC_MODE = {**{name: "max" for name in METRICS}, "loss": "min"}
 
+# How a score is written wherever a person reads one (``raypeft tune``'s summary, the model
+# registry's notes, ``raypeft report``'s tables and figures): one place, so the report's
+# heat map shows the 0.7075 the summary printed, not 0.708.
+METRIC_DECIMALS = 4
+
+
+def format_metric(value: float) -> str:
+    """A metric's value as every summary writes it (``0.7075``)."""
+    return f"{value:.{METRIC_DECIMALS}f}"
+
 
 def compute_metrics(
     names: tuple[str, ...], outputs: np.ndarray, labels: np.ndarray

@@ -19,6 +19,7 @@ from mlflow.entities.model_registry import ModelVersion
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from raypeft.data.metrics import format_metric
 from raypeft.errors import ConfigError, DamagedArtefact
 from raypeft.tracking.tags import (
     BACKBONE_TAG,
@@ -80,11 +81,15 @@ class Candidate:
         return tags
 
     def description(self) -> str:
-        test = f", test {self.metric} {self.test_value:.4f}" if self.test_value is not None else ""
+        test = (
+            f", test {self.metric} {format_metric(self.test_value)}"
+            if self.test_value is not None
+            else ""
+        )
         return (
             f"raypeft search {self.search_run_id} ({self.experiment}): trial {self.trial_id}, "
             f"{self.method} on {self.backbone} for {self.task}; validation {self.metric} "
-            f"{self.value:.4f}{test}"
+            f"{format_metric(self.value)}{test}"
         )
 
 
@@ -170,7 +175,10 @@ def beats(candidate: Candidate, champion: ModelVersion) -> tuple[bool, str]:
     if not math.isfinite(old):
         better = math.isfinite(new)
     verb = "beats" if better else "does not beat"
-    return better, f"validation {metric} {new:.4f} {verb} {old:.4f} of version {champion.version}"
+    return better, (
+        f"validation {metric} {format_metric(new)} {verb} {format_metric(old)} "
+        f"of version {champion.version}"
+    )
 
 
 def register(
