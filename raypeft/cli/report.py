@@ -46,10 +46,11 @@ def _default_out(experiment: str) -> Path:
 @click.option("--no-log", is_flag=True, help="do not log the folder to the parent run")
 @click.option(
     "--plotly-js",
-    type=click.Choice(["inline", "cdn"]),
-    default="inline",
+    type=click.Choice(["directory", "inline", "cdn"]),
+    default="directory",
     show_default=True,
-    help="embed plotly.js in each HTML page (works offline) or load it from a CDN (small)",
+    help="how HTML pages get plotly.js: one plotly.min.js in the folder (small, offline), "
+    "embedded in each page (~5 MB each; also opens in the MLflow UI) or from a CDN (online)",
 )
 def command(
     experiment: str,
@@ -62,21 +63,19 @@ def command(
 ) -> None:
     """Report on a finished search of EXPERIMENT (read from MLflow).
 
-    Writes PNG + HTML figures (α1 × α2 heat map, metric vs (m, r), metric vs trainable
-    parameters with the Pareto front, learning curves, parameter importances), trials.csv and
-    summary.md, then logs the folder under report/ on the search's parent run.
+    Writes PNG + HTML figures (α1 × α2 heat map over all m and per m, metric vs (m, r), metric
+    vs trainable parameters with the Pareto front, learning curves, parameter importances),
+    trials.csv and summary.md, then logs the folder under report/ on the search's parent run.
     """
     quiet_libraries()
     from mlflow.exceptions import MlflowException  # why: MLflow, matplotlib, plotly are slow
 
-    from raypeft.reporting import FIGURES, load_search, log_report, write_report
+    from raypeft.reporting import FIGURES, PLOTLY_BUNDLE, load_search, log_report, write_report
 
     folder = (out or _default_out(experiment)).resolve()
     try:
         search = load_search(tracking_uri, experiment, run_id)
-        report = write_report(
-            search, folder, top=top, plotly_js=True if plotly_js == "inline" else "cdn"
-        )
+        report = write_report(search, folder, top=top, plotly_js=plotly_js)
         location = None if no_log else log_report(search, folder)
     except ConfigError as exc:
         fail(str(exc))
@@ -95,7 +94,8 @@ def command(
             click.echo(f"  wrote   {name}.png, {name}.html")
         else:
             click.echo(f"  skipped {name}: {report.skipped[name]}")
-    click.echo(f"Report folder: {folder} (trials.csv, summary.md)")
+    shared = ", plotly.min.js for the HTML pages" if (folder / PLOTLY_BUNDLE).exists() else ""
+    click.echo(f"Report folder: {folder} (trials.csv, summary.md{shared})")
     if location:
         click.echo(f"Logged to MLflow run {search.parent_id} under report/: {location}")
     else:

@@ -19,8 +19,9 @@ The pipeline, one module a step (the command, :mod:`raypeft.cli.report`, runs it
   objectives), :mod:`~raypeft.reporting.curves` (learning curves) and
   :mod:`~raypeft.reporting.param_importance` (fANOVA importances); their order and captions
   are :data:`FIGURES` in :mod:`~raypeft.reporting.figures`.
-- :mod:`~raypeft.reporting.output`: :func:`write_report` writes the PNG/HTML pages,
-  ``trials.csv`` and ``summary.md``; :func:`log_report` logs the folder to the parent run.
+- :mod:`~raypeft.reporting.output`: :func:`write_report` writes the PNG/HTML pages (sharing
+  one ``plotly.min.js`` in the folder by default), ``trials.csv`` and ``summary.md``;
+  :func:`log_report` logs the folder to the parent run.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from raypeft.reporting.load import Search, TrialRecord, load_search
 from raypeft.reporting.method_figures import STOPPED_NOTE, budget_m_r, lr_heatmap
 from raypeft.reporting.output import (
     EFFICIENCY_METRICS,
+    PLOTLY_BUNDLE,
+    PLOTLY_JS,
     REPORT_ARTIFACTS,
     Report,
     log_report,
@@ -47,6 +50,8 @@ __all__ = [
     "EFFICIENCY_METRICS",
     "FIGURES",
     "PALETTE",
+    "PLOTLY_BUNDLE",
+    "PLOTLY_JS",
     "REPORT_ARTIFACTS",
     "STOPPED_NOTE",
     "Figures",

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from raypeft.reporting.drawing import PALETTE, Figures, Skip, _mpl
+from raypeft.data.metrics import format_metric
+from raypeft.reporting.drawing import PALETTE, Figures, Skip, _mpl, html_title, png_title
 from raypeft.reporting.load import Search
 
 
@@ -30,7 +31,7 @@ def learning_curves(search: Search, top: int) -> Figures:
     for k, (t, steps, values) in enumerate(curves):
         colour = PALETTE[k % len(PALETTE)]
         dash = "--" if t.stopped_early else "-"
-        name = f"{t.label} {t.value:.4f}"
+        name = f"{t.label} {format_metric(t.value)}"
         ax.plot(steps, values, dash, marker="o", ms=3, color=colour, label=name)
         html.add_trace(
             go.Scatter(
@@ -43,7 +44,7 @@ def learning_curves(search: Search, top: int) -> Figures:
         )
     ax.set_xlabel("training step")
     ax.set_ylabel(key)
-    ax.set_title(title, fontsize=10)
+    png_title(png, title)
     ax.legend(fontsize=7)
-    html.update_layout(title=title, xaxis_title="training step", yaxis_title=key)
+    html.update_layout(title=html_title(title), xaxis_title="training step", yaxis_title=key)
     return Figures(png, html)

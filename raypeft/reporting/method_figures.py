@@ -1,6 +1,7 @@
 """Figures a method asks for through its figure hints (:class:`~raypeft.methods.base.FigureHints`):
-the heat map of its two learning rates, one panel per prompt length, and the score vs
-(prompt length, rank) at a fixed budget (DePT's α1 × α2 and (m, r) figures).
+the heat map of its two learning rates (a panel over all prompt lengths, then one per prompt
+length), and the score vs (prompt length, rank) at a fixed budget (DePT's α1 × α2 and (m, r)
+figures).
 
 Both use the finished trials of the first registered method with hints that has such trials
 here (those with a prompt length); the rank is the one the budget derived for the length
@@ -18,13 +19,27 @@ from matplotlib.colors import Normalize
 from matplotlib.patches import Rectangle
 from plotly.subplots import make_subplots
 
+from raypeft.data.metrics import METRIC_DECIMALS, format_metric
 from raypeft.methods import METHODS
 from raypeft.methods.base import FigureHints
-from raypeft.reporting.drawing import PALETTE, Figures, Skip, _fmt, _metric_label, _mpl
+from raypeft.reporting.drawing import (
+    PALETTE,
+    TITLE_FONTSIZE,
+    Figures,
+    Skip,
+    _fmt,
+    _metric_label,
+    _mpl,
+    fit_text,
+    html_title,
+    png_note,
+    png_title,
+)
 from raypeft.reporting.load import Search, TrialRecord, _given
 
 STOPPED_NOTE = "* / hatched: best trial of the cell was stopped early (low-fidelity value)"
-HOVER_TAIL = "%{z:.4f} %{customdata}<extra></extra>"  # a heat map cell's score and trial
+# a heat map cell's score (to the summary's decimals) and trial
+HOVER_TAIL = f"%{{z:.{METRIC_DECIMALS}f}} %{{customdata}}<extra></extra>"
 
 
 @dataclass(frozen=True)
@@ -72,8 +87,9 @@ def captions() -> tuple[str, str]:
         return "learning-rate heat map (no method declares one)", "score vs (length, rank)"
     h = methods[0].hints
     per = f"{h.length.replace('_', ' ')} {h.length_symbol}"
+    s1, s2, m = *h.lr_symbols, h.length_symbol
     return (
-        f"{h.label} {h.lr_symbols[0]} × {h.lr_symbols[1]} heat map, one panel per {per}",
+        f"{h.label} {s1} × {s2} heat map: the best over all {m}, then one panel per {per}",
         f"{h.label} score vs ({h.length_symbol}, {h.rank_symbol}) at the fixed budget",
     )
 
@@ -107,30 +123,72 @@ def _axis(values: list[float], max_ticks: int = 10) -> tuple[list[str], Callable
 # ----------------------------------------------------------------------------- heat map
 
 
+Cell = tuple[int, int]  # (y, x): a heat map cell's row and column
+
+
+@dataclass
+class Panel:
+    """One panel of the heat map: the best trial of each (y, x) cell among its trials."""
+
+    name: str  # its trace's name in the HTML page: "m=4", or "all m"
+    title: str
+    cells: dict[Cell, TrialRecord]
+    shows_length: bool = False  # the all-lengths panel writes each cell's length in it
+
+
 @dataclass
 class HeatMap:
-    """The heat map's data: axes, one cell grid per prompt length, the colour range."""
+    """The heat map's data: axes, its panels (all lengths, then one per length), the colour
+    range."""
 
     knobs: Knobs
     xs: list[str]
     ys: list[str]
-    lengths: list[int]
-    cells: dict[int, dict[tuple[int, int], TrialRecord]]  # length -> (y, x) -> best trial
+    panels: list[Panel]
     lo: float
     hi: float
 
     @property
-    def titles(self) -> list[str]:
-        h = self.knobs.hints
-        return [
-            f"{h.length_symbol}={m} ({h.rank_symbol}="
-            f"{self.knobs.rank(next(iter(self.cells[m].values())))})"
-            for m in self.lengths
-        ]
-
-    @property
     def any_stopped(self) -> bool:
-        return any(t.stopped_early for c in self.cells.values() for t in c.values())
+        return any(t.stopped_early for p in self.panels for t in p.cells.values())
+
+    def cell_text(self, panel: Panel, trial: TrialRecord, newline: str) -> str:
+        """A cell's score as the summary writes it, starred when its trial stopped early,
+        and on the all-lengths panel the length it came from."""
+        text = format_metric(trial.value) + ("*" if trial.stopped_early else "")
+        if panel.shows_length:
+            text += f"{newline}{self.knobs.hints.length_symbol}={self.knobs.length_of(trial)}"
+        return text
+
+
+def _best_per_cell(
+    trials: list[TrialRecord], cell_of: Callable[[TrialRecord], Cell]
+) -> dict[Cell, TrialRecord]:
+    """The first trial of each cell: its best, as ``trials`` come best first."""
+    cells: dict[Cell, TrialRecord] = {}
+    for t in trials:
+        cells.setdefault(cell_of(t), t)
+    return cells
+
+
+def _panels(
+    knobs: Knobs, trials: list[TrialRecord], cell_of: Callable[[TrialRecord], Cell]
+) -> list[Panel]:
+    """One panel per prompt length, after one over all lengths when there are several (the
+    best cell whatever the length: where to look first)."""
+    h = knobs.hints
+    lengths = sorted({knobs.length_of(t) for t in trials})
+    panels = []
+    for m in lengths:
+        cells = _best_per_cell([t for t in trials if knobs.length_of(t) == m], cell_of)
+        rank = knobs.rank(next(iter(cells.values())))
+        name = f"{h.length_symbol}={m}"
+        panels.append(Panel(name, f"{name} ({h.rank_symbol}={rank})", cells))
+    if len(lengths) > 1:
+        name = f"all {h.length_symbol}"
+        every = Panel(name, f"{name}: best per cell", _best_per_cell(trials, cell_of), True)
+        panels.insert(0, every)
+    return panels
 
 
 def _heat_map(search: Search) -> HeatMap:
@@ -143,45 +201,46 @@ def _heat_map(search: Search) -> HeatMap:
     if len(xs) * len(ys) < 2:
         s1, s2 = knobs.hints.lr_symbols
         raise Skip(f"{s1} and {s2} take one value each: nothing to map")
-    lengths = sorted({knobs.length_of(t) for t in trials})
-    cells: dict[int, dict[tuple[int, int], TrialRecord]] = {m: {} for m in lengths}
-    for t in trials:  # best first, so the first trial of a cell is its best
-        key = (y_of(t.num(knobs.lr_y)), x_of(t.num(knobs.lr_x)))
-        cells[knobs.length_of(t)].setdefault(key, t)
+
+    def cell_of(t: TrialRecord) -> Cell:
+        return y_of(t.num(knobs.lr_y)), x_of(t.num(knobs.lr_x))
+
     values = [t.value for t in trials]
     lo, hi = min(values), max(values)
     if hi - lo < 1e-9:  # every cell ties: a small band around it, not a degenerate scale
         pad = max(abs(lo) * 0.01, 1e-3)
         lo, hi = lo - pad, hi + pad
-    return HeatMap(knobs, xs, ys, lengths, cells, lo, hi)
+    return HeatMap(knobs, xs, ys, _panels(knobs, trials, cell_of), lo, hi)
 
 
 def lr_heatmap(search: Search) -> Figures:
-    """A hinted method's best score per pair of its two learning rates (DePT: α1 × α2), one
-    panel per prompt length."""
+    """A hinted method's best score per pair of its two learning rates (DePT: α1 × α2): one
+    panel over all prompt lengths, then one per prompt length."""
     data = _heat_map(search)
     h = data.knobs.hints
-    title = f"{h.label}: {_metric_label(search)} per {h.lr_symbols[0]} × {h.lr_symbols[1]} cell"
+    pair = "\u00a0×\u00a0".join(h.lr_symbols)  # no-break spaces: "α1 × α2" never splits
+    title = f"{h.label}: {_metric_label(search)} per {pair} cell"
     png = _heatmap_png(search, data, title)
     html = _heatmap_html(search, data, title)
     return Figures(png, html, "cells marked * were stopped early" if data.any_stopped else "")
 
 
 def _heatmap_png(search: Search, data: HeatMap, title: str):
-    xs, ys, ms, knobs = data.xs, data.ys, data.lengths, data.knobs
+    xs, ys, knobs, n = data.xs, data.ys, data.knobs, len(data.panels)
     norm = Normalize(data.lo, data.hi)
     cmap = "viridis" if search.mode == "max" else "viridis_r"  # bright = better either way
-    png = _mpl(1.5 + 0.9 * len(xs) * len(ms) + 0.6 * len(ms), 2.2 + 0.45 * len(ys))
-    axes = png.subplots(1, len(ms), squeeze=False)[0]
-    for ax, m, sub in zip(axes, ms, data.titles, strict=True):
+    panel_width = 0.6 + 0.9 * len(xs)  # inches: a column of cells is 0.9
+    png = _mpl(1.5 + panel_width * n, 2.2 + 0.45 * len(ys))
+    axes = png.subplots(1, n, squeeze=False)[0]
+    for ax, panel in zip(axes, data.panels, strict=True):
         grid = np.full((len(ys), len(xs)), np.nan)
-        for (j, i), t in data.cells[m].items():
+        for (j, i), t in panel.cells.items():
             grid[j, i] = t.value
             ink = "black" if norm(t.value) > 0.5 else "white"
             if search.mode == "min":
                 ink = "white" if ink == "black" else "black"
-            mark = "*" if t.stopped_early else ""
-            ax.text(i, j, f"{t.value:.3f}{mark}", ha="center", va="center", fontsize=8, color=ink)
+            text = data.cell_text(panel, t, "\n")
+            ax.text(i, j, text, ha="center", va="center", fontsize=8, color=ink)
             if t.stopped_early:
                 ax.add_patch(
                     Rectangle((i - 0.5, j - 0.5), 1, 1, fill=False, hatch="///", lw=0, ec="0.5")
@@ -191,28 +250,31 @@ def _heatmap_png(search: Search, data: HeatMap, title: str):
         )
         ax.set_xticks(range(len(xs)), xs, rotation=30 if len(xs) > 4 else 0)
         ax.set_yticks(range(len(ys)), ys)
-        ax.set_title(sub, fontsize=10)
+        # a panel may be narrow: its title wraps to it rather than run into the next one
+        ax.set_title(
+            fit_text(png, panel.title, TITLE_FONTSIZE, panel_width), fontsize=TITLE_FONTSIZE
+        )
         ax.set_xlabel(f"{knobs.hints.lr_symbols[0]} ({knobs.lr_x})")
     axes[0].set_ylabel(f"{knobs.hints.lr_symbols[1]} ({knobs.lr_y})")
     png.colorbar(image, ax=list(axes), label=_metric_label(search), format="%.3g")
-    png.suptitle(title, fontsize=11)
+    png_title(png, title, fontsize=11)
     if data.any_stopped:
-        png.supxlabel(STOPPED_NOTE, fontsize=7)  # laid out below the axes, never over them
+        png_note(png, STOPPED_NOTE)
     return png
 
 
 def _heatmap_html(search: Search, data: HeatMap, title: str) -> go.Figure:
     xs, ys, h = data.xs, data.ys, data.knobs.hints
     (s1, s2), (lr1, lr2) = h.lr_symbols, h.learning_rates
-    cols = len(data.lengths)
-    html = make_subplots(rows=1, cols=cols, subplot_titles=data.titles, shared_yaxes=True)
-    for k, m in enumerate(data.lengths, start=1):
+    titles = [p.title for p in data.panels]
+    html = make_subplots(rows=1, cols=len(data.panels), subplot_titles=titles, shared_yaxes=True)
+    for k, panel in enumerate(data.panels, start=1):
         z = [[None] * len(xs) for _ in ys]
         text = [[""] * len(xs) for _ in ys]
         who = [[""] * len(xs) for _ in ys]
-        for (j, i), t in data.cells[m].items():
+        for (j, i), t in panel.cells.items():
             z[j][i] = t.value
-            text[j][i] = f"{t.value:.3f}" + ("*" if t.stopped_early else "")
+            text[j][i] = data.cell_text(panel, t, "<br>")
             who[j][i] = t.label + (" stopped early" if t.stopped_early else "")
         heat = go.Heatmap(
             z=z,
@@ -223,7 +285,7 @@ def _heatmap_html(search: Search, data: HeatMap, title: str) -> go.Figure:
             texttemplate="%{text}",
             hovertemplate=f"{s1}=%{{x}}<br>{s2}=%{{y}}<br>" + HOVER_TAIL,
             coloraxis="coloraxis",
-            name=f"{h.length_symbol}={m}",
+            name=panel.name,
             xgap=2,
             ygap=2,
         )
@@ -232,7 +294,7 @@ def _heatmap_html(search: Search, data: HeatMap, title: str) -> go.Figure:
     html.update_yaxes(type="category")
     html.update_yaxes(title_text=f"{s2} ({lr2})", col=1)
     html.update_layout(
-        title=title + (" (* stopped early: low fidelity)" if data.any_stopped else ""),
+        title=html_title(title, "* stopped early: low fidelity" if data.any_stopped else ""),
         coloraxis={
             "colorscale": "Viridis",
             "reversescale": search.mode == "min",
@@ -296,7 +358,7 @@ def _budget_png(search: Search, knobs: Knobs, groups, best, ticks: list[str], ti
     ax.set_ylabel(_metric_label(search))
     length = h.length.replace("_", " ")
     ax.set_xlabel(f"{length} {h.length_symbol} / derived {h.rank} {h.rank_symbol}")
-    ax.set_title(title, fontsize=10)
+    png_title(png, title)
     ax.legend(fontsize=8)
     return png
 
@@ -338,5 +400,7 @@ def _budget_html(
         categoryarray=ticks,
         title_text=f"{h.length_symbol} / {h.rank_symbol}",
     )
-    html.update_layout(title=title.replace("\n", " "), yaxis_title=_metric_label(search))
+    html.update_layout(
+        title=html_title(title.replace("\n", " ")), yaxis_title=_metric_label(search)
+    )
     return html

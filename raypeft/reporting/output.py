@@ -12,12 +12,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from raypeft.data.metrics import format_metric
 from raypeft.errors import ConfigError
 from raypeft.reporting.drawing import Skip
 from raypeft.reporting.figures import FIGURES
 from raypeft.reporting.load import Search
 
 REPORT_ARTIFACTS = "report"  # where the folder goes among the parent run's artefacts
+# how an HTML page gets plotly.js -> plotly's include_plotlyjs ("directory": one shared copy,
+# PLOTLY_BUNDLE, beside the pages; plotly.io.write_html copies it there once)
+PLOTLY_JS: dict[str, str | bool] = {"directory": "directory", "inline": True, "cdn": "cdn"}
+PLOTLY_BUNDLE = "plotly.min.js"
 # what a trial costs, next to what it scored (blank in the table when a run lacks one)
 EFFICIENCY_METRICS = (
     "train_samples_per_s",
@@ -35,15 +40,20 @@ class Report:
     skipped: dict[str, str]  # figure -> reason
 
 
-def write_report(search: Search, out: Path, top: int = 5, plotly_js: str | bool = True) -> Report:
+def write_report(search: Search, out: Path, top: int = 5, plotly_js: str = "directory") -> Report:
     """Write every figure (PNG + HTML), ``trials.csv`` and ``summary.md`` into ``out``.
 
-    ``plotly_js``: True embeds plotly.js in each HTML page (self-contained, opens offline and
-    in the MLflow UI; ~5 MB a page), "cdn" links it instead.
+    ``plotly_js`` (:data:`PLOTLY_JS`): "directory" writes plotly.js once into ``out`` as
+    ``plotly.min.js`` and each HTML page loads it from there (small pages, offline), "inline"
+    embeds it in each page (~5 MB a page, also opens in the MLflow UI's artefact viewer), "cdn"
+    links it from plotly's CDN (small pages, online only).
     """
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{out}: exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
+    # plotly writes its bundle only where none exists: an older report's (another plotly
+    # version's, or one no page of this report loads) must go first
+    (out / PLOTLY_BUNDLE).unlink(missing_ok=True)
     report = Report(out, {}, {})
     for name, (_, draw) in FIGURES.items():
         for stale in (out / f"{name}.png", out / f"{name}.html"):
@@ -59,7 +69,7 @@ def write_report(search: Search, out: Path, top: int = 5, plotly_js: str | bool 
             report.skipped[name] = f"failed: {type(exc).__name__}: {exc}".splitlines()[0]
             continue
         figs.png.savefig(out / f"{name}.png", dpi=120)
-        figs.html.write_html(out / f"{name}.html", include_plotlyjs=plotly_js)
+        figs.html.write_html(out / f"{name}.html", include_plotlyjs=PLOTLY_JS[plotly_js])
         report.written[name] = figs.note
     write_trials_csv(search, out / "trials.csv")
     (out / "summary.md").write_text(summary_markdown(search, report, top))
@@ -131,7 +141,8 @@ def summary_markdown(search: Search, report: Report, top: int) -> str:
     ]
     if ranked:
         lines.append(
-            f"- best trial: {ranked[0].label}, run `{ranked[0].run_id}`: {ranked[0].value:.4f}"
+            f"- best trial: {ranked[0].label}, run `{ranked[0].run_id}`: "
+            f"{format_metric(ranked[0].value)}"
         )
         keys = [k for k in search.space if any(k in t.params for t in ranked)]
         lines += [
@@ -148,7 +159,7 @@ def summary_markdown(search: Search, report: Report, top: int) -> str:
                 str(n),
                 t.trial_id,
                 t.method,
-                f"{t.value:.4f}",
+                format_metric(t.value),
                 "yes" if t.stopped_early else "no",
             ]
             cells += [t.params.get(k, "") for k in keys]

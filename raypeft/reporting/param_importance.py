@@ -12,7 +12,16 @@ from typing import Any
 import plotly.graph_objects as go
 
 from raypeft.config.space import SPACE_KINDS
-from raypeft.reporting.drawing import PALETTE, Figures, Skip, _metric_label, _mpl
+from raypeft.reporting.drawing import (
+    PALETTE,
+    Figures,
+    Skip,
+    _metric_label,
+    _mpl,
+    html_title,
+    png_note,
+    png_title,
+)
 from raypeft.reporting.load import Search, _number
 
 
@@ -62,9 +71,9 @@ def importances(search: Search) -> Figures:
         ax.text(scores[k], y, f" {scores[k]:.2f}", va="center", fontsize=8)
     ax.set_xlim(0, max(1.0, max(scores.values()) * 1.15))
     ax.set_xlabel("importance (normalised to sum 1)")
-    ax.set_title(title, fontsize=10)
+    png_title(png, title)
     if note:
-        png.supxlabel(note, fontsize=7)
+        png_note(png, note)
 
     html = go.Figure(
         go.Bar(
@@ -75,7 +84,7 @@ def importances(search: Search) -> Figures:
             text=[f"{scores[k]:.2f}" for k in keys],
         )
     )
-    html.update_layout(title=title + (f"<br><sup>{note}</sup>" if note else ""))
+    html.update_layout(title=html_title(title, note))
     return Figures(png, html, note)
 
 

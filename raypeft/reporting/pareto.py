@@ -1,7 +1,9 @@
 """Pareto figures: score vs trainable parameters, and the two objectives of a search.
 
 Both scatter the finished trials (one colour per method) and draw the Pareto front as a
-staircase; :func:`pareto_front` finds it.
+staircase; :func:`pareto_front` finds it. The parameters figure is skipped, with the reason,
+when every trial has the same parameter budget: a DePT search at one budget spans only what
+the budget leaves unused (38,144 to 38,336), which is no trade-off.
 """
 
 from __future__ import annotations
@@ -10,8 +12,21 @@ import math
 
 import plotly.graph_objects as go
 
-from raypeft.reporting.drawing import PALETTE, Figures, Skip, _metric_label, _mpl
-from raypeft.reporting.load import Search, TrialRecord
+from raypeft.reporting.drawing import (
+    PALETTE,
+    Figures,
+    Skip,
+    _metric_label,
+    _mpl,
+    html_title,
+    png_title,
+)
+from raypeft.reporting.load import Search, TrialRecord, _given
+
+TRAINABLE_PARAM = "derived.trainable_params"  # the count each trial logs (task head excluded)
+# a method's budget settings, as a trial logs them: budget_params, DePT's
+# budget_prompt_length, ... (a method's budget keys start with budget_, see raypeft budget)
+BUDGET_PREFIX = "method.budget_"
 
 
 def pareto_front(points: list[tuple[float, float]], modes: tuple[str, str]) -> list[int]:
@@ -62,7 +77,7 @@ def _pareto_figures(
         ax.set_xscale("log")
     ax.set_xlabel(labels[0])
     ax.set_ylabel(labels[1])
-    ax.set_title(title, fontsize=10)
+    png_title(png, title)
     ax.legend(fontsize=8)
 
     html = go.Figure()
@@ -89,22 +104,53 @@ def _pareto_figures(
             name="Pareto front",
         )
     )
-    html.update_layout(title=title, xaxis_title=labels[0], yaxis_title=labels[1])
+    html.update_layout(title=html_title(title), xaxis_title=labels[0], yaxis_title=labels[1])
     if log_x:
         html.update_xaxes(type="log")
     return Figures(png, html, f"{len(front)} trial(s) on the front")
 
 
 def _trainable(t: TrialRecord) -> float | None:
-    found = t.num("derived.trainable_params")
+    found = t.num(TRAINABLE_PARAM)
     return found if found is not None else t.metrics.get("trainable_params")
 
 
+def _budget(t: TrialRecord) -> tuple[tuple[str, str], ...]:
+    """What sets the trial's size: its method's budget settings when it has any (the trial
+    logs them as ``method.budget_*``; its count then differs from another trial's at that
+    budget only by what the budget leaves unused), else its trainable-parameter count."""
+    given = sorted((k, v) for k, v in t.params.items() if k.startswith(BUDGET_PREFIX) and _given(v))
+    return tuple(given) or ((TRAINABLE_PARAM, f"{_trainable(t):.0f}"),)
+
+
+def _single_budget(trials: list[TrialRecord]) -> str | None:
+    """Why a Pareto figure over parameters would show nothing, when every trial has the
+    same budget (the x axis would span only the budget's slack) or the same count; None
+    when there is something to trade off."""
+    budgets = {_budget(t) for t in trials}
+    counts = sorted({_trainable(t) for t in trials})
+    if len(budgets) > 1 and len(counts) > 1:
+        return None
+    span = f"{counts[0]:,.0f}" + (f" to {counts[-1]:,.0f}" if len(counts) > 1 else "")
+    budget = next(iter(budgets))
+    if len(budgets) > 1 or budget[0][0] == TRAINABLE_PARAM:
+        return f"every finished trial has {span} trainable parameters: nothing to trade off"
+    settings = ", ".join(f"{k}={v}" for k, v in budget)
+    return (
+        f"every finished trial has the same parameter budget ({settings}; {span} trainable "
+        "parameters): nothing to trade off"
+    )
+
+
 def params_pareto(search: Search) -> Figures:
-    """Score vs trainable parameters, one colour per method, with the Pareto front."""
+    """Score vs trainable parameters, one colour per method, with the Pareto front; skipped
+    when the trials do not differ in budget."""
     trials = [t for t in search.ranked() if _trainable(t) is not None]
     if not trials:
         raise Skip("no finished trial records its trainable parameters")
+    reason = _single_budget(trials)
+    if reason:
+        raise Skip(reason)
     points = [(_trainable(t), t.value) for t in trials]
     title = f"{search.metric} vs trainable parameters (front: fewer parameters, better score)"
     labels = ("trainable parameters (derived.trainable_params)", _metric_label(search))

@@ -20,7 +20,7 @@ from tests.helpers import run_cli
 pytestmark = pytest.mark.integration
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-ALWAYS = ("lr_heatmap", "budget_m_r", "params_pareto", "learning_curves")
+ALWAYS = ("lr_heatmap", "budget_m_r", "learning_curves")
 
 
 def plotly_traces(path: Path) -> list[dict]:
@@ -81,6 +81,15 @@ def test_report_on_the_finished_search(finished_search, tmp_path):
         assert plotly_traces(out / f"{name}.html")
         assert f"`{name}.png`, `{name}.html`" in summary
     assert "- objectives_pareto: skipped: single-objective search" in summary
+    # one DePT budget (PT length 10) for every trial: no parameters to trade off
+    assert (
+        "- params_pareto: skipped: every finished trial has the same parameter budget "
+        "(method.budget_prompt_length=10; "
+    ) in summary
+    assert not (out / "params_pareto.png").exists()
+    # the HTML pages share one plotly.js, written beside them
+    assert (out / "plotly.min.js").stat().st_size > 1_000_000
+    assert all(p.stat().st_size < 100_000 for p in out.glob("*.html"))
     # importances: drawn unless the tiny trials happen to tie (then skipped with that reason)
     assert (out / "importances.png").exists() or "every finished trial has the same score" in (
         summary
@@ -97,16 +106,30 @@ def test_report_on_the_finished_search(finished_search, tmp_path):
         )
         value = kid.data.metrics["best_val_accuracy"]
         scores[cell] = max(scores.get(cell, value), value)
-    drawn = {}
+    drawn, overall = {}, {}
     for trace in plotly_traces(out / "lr_heatmap.html"):
-        m = int(trace["name"].removeprefix("m="))
+        name = trace["name"]  # "all m", then "m=2", ...
         for j, y in enumerate(trace["y"]):
             for i, x in enumerate(trace["x"]):
-                if trace["z"][j][i] is not None:
-                    drawn[(m, float(y), float(x))] = trace["z"][j][i]
+                value = trace["z"][j][i]
+                if value is None:
+                    continue
+                if name == "all m":
+                    overall[(float(y), float(x))] = value
+                else:
+                    drawn[(int(name.removeprefix("m=")), float(y), float(x))] = value
     assert drawn.keys() == scores.keys()
     for cell, value in drawn.items():
         assert value == pytest.approx(scores[cell])
+    # with several m, a panel over all of them holds each cell's best whatever its m
+    if len({m for m, _, _ in drawn}) > 1:
+        for (y, x), value in overall.items():
+            assert value == pytest.approx(
+                max(v for (_, b, a), v in drawn.items() if (b, a) == (y, x))
+            )
+        assert overall.keys() == {(y, x) for _, y, x in drawn}
+    else:
+        assert overall == {}
     # the α1 × α2 joint grid (2 × 2) is run first, whole
     assert {(y, x) for _, y, x in drawn} == {(a2, a1) for a2 in (1e-3, 1e-2) for a1 in (0.3, 0.5)}
 

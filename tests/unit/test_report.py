@@ -1,15 +1,19 @@
 """``raypeft report`` on a synthetic MLflow store (temp sqlite) shaped like raypeft's searches.
 
 The store holds one experiment with two searches: an older DePT search (α1 × α2 grid, m
-chosen, one trial stopped early, one failed) and a newer multi-method search tagged with two
-objectives; and a second experiment with a single scored trial, where most figures must be
-skipped with a reason. The real command runs in-process (CliRunner) and writes real files.
+chosen, at one parameter budget, one trial stopped early, one failed) and a newer
+multi-method search tagged with two objectives; and a second experiment with a single scored
+trial, where most figures must be skipped with a reason. A store of its own holds a search
+with long names (metric, keys), whose titles are the longest. The real command runs
+in-process (CliRunner) and writes real files; figures are also drawn directly, to measure
+them.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -18,9 +22,14 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
 from raypeft.cli.main import main
+from raypeft.cli.report import command as report_command
+from raypeft.data.metrics import format_metric
+from raypeft.reporting import FIGURES, PLOTLY_BUNDLE, PLOTLY_JS, Skip, load_search, lr_heatmap
+from raypeft.reporting.drawing import HTML_TITLE_CHARS
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIGURES = ("lr_heatmap", "budget_m_r", "params_pareto", "learning_curves", "importances")
+# the DePT search's figures (its params_pareto is skipped: one budget)
+DEPT_FIGURES = ("lr_heatmap", "budget_m_r", "learning_curves", "importances")
 RANK = {2: 5, 4: 4}  # DePT's derived r per prompt length m at the synthetic budget
 PARAMS = {2: 304, 4: 320}  # derived.trainable_params per m
 
@@ -56,6 +65,7 @@ class StoreBuilder:
         score: float | None,
         stopped_early: bool = False,
         samples_per_s: float = 100.0,
+        metric: str = "accuracy",
     ) -> str:
         run = self.client.create_run(
             exp,
@@ -76,8 +86,8 @@ class StoreBuilder:
         for n, step in enumerate(steps):
             value = score - 0.1 * (len(steps) - 1 - n)
             metrics = {
-                "val_accuracy": value,
-                "best_val_accuracy": value,
+                f"val_{metric}": value,
+                f"best_val_{metric}": value,
                 "val_macro_f1": value - 0.05,
                 "val_loss": 1 - value,
                 "train_loss": 1.2 - value,
@@ -143,6 +153,8 @@ def store(tmp_path_factory):
                     "train.warmup_ratio": 0.05 * (n % 3),
                     "derived.rank": RANK[m],
                     "derived.trainable_params": PARAMS[m],
+                    # every trial logs its method's settings: one budget for all
+                    "method.budget_prompt_length": 10,
                 }
                 stopped = (lr_prompt, lr_lowrank, m) == (0.3, 0.001, 2)
                 score = dept_score(lr_prompt, lr_lowrank, m)
@@ -200,6 +212,35 @@ def store(tmp_path_factory):
     return {"uri": b.uri, "client": b.client, "a": a, "b": bid, "c": c, "folder": folder}
 
 
+@pytest.fixture(scope="module")
+def long_names(tmp_path_factory):
+    """A store with one search of long names: a long metric, long searched keys (the titles
+    and tick labels are at their widest), three methods of different sizes."""
+    b = StoreBuilder(tmp_path_factory.mktemp("report-long-names"))
+    exp = b.experiment("long-names")
+    metric = "matthews_correlation"
+    parent = b.parent(
+        exp,
+        1_000_000,
+        {"raypeft.metric": metric, "raypeft.mode": "max"},
+        {
+            "space.train.warmup_ratio": json.dumps({"uniform": [0.0, 0.2]}),
+            "space.train.backbone_dropout": json.dumps({"choice": [0.0, 0.1]}),
+        },
+    )
+    runs = []
+    for n, (method, size) in enumerate((("pt", 640), ("dept", 304), ("ipt", 1_280)) * 2):
+        params = {
+            "train.warmup_ratio": 0.05 * n,
+            "train.backbone_dropout": 0.1 * (n % 2),
+            "derived.trainable_params": size,
+        }
+        score = 0.3 + 0.04 * n + 0.1 * (n % 2)
+        runs.append(b.trial(exp, parent, f"t{n:04d}", method, params, score, metric=metric))
+    b.finish(parent, runs[-1], "t0005")
+    return {"uri": b.uri, "experiment": "long-names", "run": parent}
+
+
 def invoke(*args: str):
     return CliRunner().invoke(main, ["report", *args])
 
@@ -211,6 +252,31 @@ def plotly_traces(path: Path) -> list[dict]:
     call = call[call.index(",") + 1 :].lstrip()  # past the div id
     traces, _ = json.JSONDecoder().raw_decode(call)
     return traces
+
+
+def plotly_layout(path: Path) -> dict:
+    """The layout of a plotly HTML page (the JSON after the traces in Plotly.newPlot)."""
+    html = path.read_text()
+    call = html[html.rindex("Plotly.newPlot(") + len("Plotly.newPlot(") :]
+    call = call[call.index(",") + 1 :].lstrip()  # past the div id
+    decoder = json.JSONDecoder()
+    _, end = decoder.raw_decode(call)  # the traces
+    layout, _ = decoder.raw_decode(call[end:].lstrip().removeprefix(",").lstrip())
+    return layout
+
+
+def drawn_figures(search, folder: Path) -> dict:
+    """Every figure the search supports, drawn as ``raypeft report`` draws it, its PNG
+    written to ``folder``: name -> the pair."""
+    figures = {}
+    for name, (_, draw) in FIGURES.items():
+        try:
+            pair = draw(search, 3) if name == "learning_curves" else draw(search)
+        except Skip:
+            continue
+        pair.png.savefig(folder / f"{name}.png", dpi=120)
+        figures[name] = pair
+    return figures
 
 
 def check_figure(out: Path, name: str) -> list[dict]:
@@ -233,31 +299,36 @@ def test_dept_search_report_writes_every_figure(store, tmp_path):
     result = invoke(*args, "--top", "3", "--no-log", "--plotly-js", "cdn")
     assert result.exit_code == 0, result.output
     assert f"search {store['a']} (9 trials, metric accuracy, max)" in result.output
-    for name in FIGURES:
+    for name in DEPT_FIGURES:
         assert f"wrote   {name}.png, {name}.html" in result.output
     assert "skipped objectives_pareto: single-objective search" in result.output
     assert not (out / "objectives_pareto.png").exists()
+    # every trial at one budget (PT length 10): their counts differ by its slack, no trade-off
+    same_budget = (
+        "every finished trial has the same parameter budget (method.budget_prompt_length=10; "
+        "304 to 320 trainable parameters): nothing to trade off"
+    )
+    assert f"skipped params_pareto: {same_budget}" in result.output
+    assert not (out / "params_pareto.png").exists() and not (out / "params_pareto.html").exists()
 
-    # heat map: one panel per m; cell values are the best score; the stopped-early cell starred
+    # heat map: a panel over all m, then one per m; cell values are the best score, written
+    # as the summary writes scores; the stopped-early cell starred
     heat = check_figure(out, "lr_heatmap")
-    assert [t["name"] for t in heat] == ["m=2", "m=4"]
-    m2 = heat[0]
+    assert [t["name"] for t in heat] == ["all m", "m=2", "m=4"]
+    every, m2, m4 = heat
     assert m2["x"] == ["0.3", "0.5"] and m2["y"] == ["0.001", "0.01"]
     assert [pytest.approx(row) for row in m2["z"]] == [[0.5, 0.7], [0.6, 0.8]]
-    assert m2["text"][0][0] == "0.500*" and m2["text"][1][1] == "0.800"
-    assert heat[1]["z"][1][1] == pytest.approx(0.85)
+    assert m2["text"][0][0] == "0.5000*" and m2["text"][1][1] == "0.8000"
+    assert m4["z"][1][1] == pytest.approx(0.85)
+    # all m: the best of each cell whatever m, with the m it came from (m=4 wins every cell)
+    assert [pytest.approx(row) for row in every["z"]] == [[0.55, 0.75], [0.65, 0.85]]
+    assert every["text"][1][1] == "0.8500<br>m=4" and every["text"][0][0] == "0.5500<br>m=4"
 
     budget = {t["name"]: t for t in check_figure(out, "budget_m_r")}
     assert set(budget) == {"trials", "stopped early", "best per m"}
     assert budget["best per m"]["x"] == ["m=2 / r=5", "m=4 / r=4"]
     assert budget["best per m"]["y"] == pytest.approx([0.8, 0.85])
     assert len(budget["trials"]["y"]) == 7 and budget["stopped early"]["y"] == [0.5]
-
-    pareto = {t["name"]: t for t in check_figure(out, "params_pareto")}
-    assert set(pareto) == {"dept", "Pareto front"}
-    # fewer parameters (m=2: 304) reach 0.80, more (m=4: 320) reach 0.85: both on the front
-    assert pareto["Pareto front"]["x"] == [304, 320]
-    assert pareto["Pareto front"]["y"] == pytest.approx([0.8, 0.85])
 
     curves = check_figure(out, "learning_curves")
     assert [t["name"] for t in curves] == [
@@ -296,7 +367,9 @@ def test_dept_search_report_writes_every_figure(store, tmp_path):
     assert "| 1 | a0007 | dept | 0.8500 | no |" in summary
     assert summary.count("| dept |") == 3  # --top 3
     assert "- objectives_pareto: skipped: single-objective search" in summary
+    assert f"- params_pareto: skipped: {same_budget}" in summary
     assert "`lr_heatmap.png`, `lr_heatmap.html`" in summary
+    assert not (out / PLOTLY_BUNDLE).exists()  # --plotly-js cdn
     # --no-log: nothing went to the parent run
     assert store["client"].list_artifacts(store["a"], "report") == []
 
@@ -322,11 +395,12 @@ def test_newest_search_is_reported_and_logged_to_its_parent_run(store, tmp_path,
     assert bars["y"] == ["method.name"]  # methods.dept.* is searched only in DePT trials
     summary = (out / "summary.md").read_text()
     assert "methods.dept.lr_prompt (not in every trial)" in summary
-    assert len((out / "importances.html").read_bytes()) > 1_000_000  # plotly.js embedded
+    assert f"Report folder: {out} (trials.csv, summary.md, plotly.min.js" in result.output
 
     client = store["client"]
     logged = {Path(f.path).name for f in client.list_artifacts(store["b"], "report")}
-    assert {"trials.csv", "summary.md", "objectives_pareto.png", "importances.html"} <= logged
+    expected = {"trials.csv", "summary.md", "objectives_pareto.png", "importances.html"}
+    assert expected | {PLOTLY_BUNDLE} <= logged  # the folder opens offline once downloaded
     local = client.download_artifacts(store["b"], "report/trials.csv", str(tmp_path / "dl"))
     assert Path(local).read_text() == (out / "trials.csv").read_text()
 
@@ -340,12 +414,12 @@ def test_figures_the_data_cannot_support_are_skipped_with_a_reason(store, tmp_pa
         "lr_heatmap": "no finished DePT trial",
         "budget_m_r": "no finished DePT trial",
         "importances": "needs at least 2 finished trials (has 1)",
+        "params_pareto": "every finished trial has 640 trainable parameters: nothing to trade off",
     }
     for name, reason in expected.items():
         assert f"skipped {name}: {reason}" in result.output
         assert f"- {name}: skipped: {reason}" in (out / "summary.md").read_text()
         assert not (out / f"{name}.png").exists() and not (out / f"{name}.html").exists()
-    check_figure(out, "params_pareto")
     check_figure(out, "learning_curves")
     rows = read_csv(out / "trials.csv")
     assert [(r["trial_id"], r["status"]) for r in rows] == [
@@ -389,3 +463,88 @@ def test_missing_store_and_foreign_run_are_user_errors(store, tmp_path):
         )
     result = invoke("synth", "--tracking-uri", store["uri"], "--run", "0" * 32)
     assert result.exit_code == 2 and "not found in the MLflow store" in result.stderr
+
+
+def test_titles_fit_their_figures(store, long_names, tmp_path):
+    """No title is cut off: in the PNG nothing drawn reaches past the figure's edges (the
+    importances title used to lose its closing "trials)"), and each line of an HTML title
+    is short enough for a narrow window, with room made for all its lines."""
+    searches = {
+        "dept": load_search(store["uri"], "synth", store["a"]),
+        "methods": load_search(store["uri"], "synth", store["b"]),  # a one-panel heat map
+        "long": load_search(long_names["uri"], long_names["experiment"], long_names["run"]),
+    }
+    drawn = {label: drawn_figures(search, tmp_path) for label, search in searches.items()}
+    assert set(drawn["long"]) == {"params_pareto", "learning_curves", "importances"}
+    overflowing = []
+    for label, figures in drawn.items():
+        for name, pair in figures.items():
+            fig = pair.png
+            fig.canvas.draw()
+            ink = fig.get_tightbbox(fig.canvas.get_renderer())  # inches
+            width, height = fig.get_size_inches()
+            if ink.x0 < 0 or ink.y0 < 0 or ink.x1 > width or ink.y1 > height:
+                overflowing.append(f"{label} {name}: ink {ink.bounds}, figure {width}x{height}")
+    assert overflowing == []
+    full_title = "importance for best validation matthews_correlation (max) (fANOVA over 6 trials)"
+    png_title = drawn["long"]["importances"].png.get_suptitle()
+    assert png_title.replace("\n", " ") == full_title  # whole, on as many lines as it needs
+
+    out = tmp_path / "long"
+    args = ["long-names", "--tracking-uri", long_names["uri"], "--out", str(out), "--no-log"]
+    assert invoke(*args).exit_code == 0
+    for name in drawn["long"]:
+        title = plotly_layout(out / f"{name}.html")["title"]
+        lines = title["text"].split("<br>")
+        assert all(len(line) <= HTML_TITLE_CHARS for line in lines), (name, lines)
+        assert title["automargin"] is True, name
+    html_title = plotly_layout(out / "importances.html")["title"]["text"]
+    assert html_title.replace("<br>", " ") == full_title
+
+
+def test_heat_map_writes_scores_as_the_summary_does(store, tmp_path):
+    """The α1 × α2 cells (PNG text, HTML text and hover) use the summary's formatter."""
+    assert format_metric(0.70754) == "0.7075"  # what `raypeft tune` prints, not 0.708
+    pair = lr_heatmap(load_search(store["uri"], "synth", store["a"]))
+    pair.png.savefig(tmp_path / "lr_heatmap.png")
+    cell_texts = [text.get_text() for ax in pair.png.axes for text in ax.texts]
+    assert len(cell_texts) == 3 * 4  # three panels (all m, m=2, m=4) of 2 × 2 cells
+    assert "0.5000*" in cell_texts and "0.8500\nm=4" in cell_texts
+    assert all(re.fullmatch(r"0\.\d{4}\*?(\nm=\d)?", text) for text in cell_texts), cell_texts
+    for trace in pair.html.data:
+        assert "%{z:.4f}" in trace.hovertemplate
+        for row_z, row_text in zip(trace.z, trace.text, strict=True):
+            for value, text in zip(row_z, row_text, strict=True):
+                if value is not None:
+                    assert text.split("<br>")[0].rstrip("*") == format_metric(value)
+
+
+def test_html_pages_share_one_plotly_bundle(store, tmp_path):
+    """By default plotly.js is written once into the folder and every page loads it from
+    there (small pages, offline: no CDN); a bundle left by an earlier report is replaced."""
+    from plotly.offline import get_plotlyjs
+
+    out = tmp_path / "shared"
+    out.mkdir()
+    (out / PLOTLY_BUNDLE).write_text("/* an older report's plotly.js */")
+    args = ["synth", "--tracking-uri", store["uri"], "--run", store["b"], "--out", str(out)]
+    result = invoke(*args, "--no-log")
+    assert result.exit_code == 0, result.output
+    pages = sorted(out.glob("*.html"))
+    assert len(pages) == 6  # every figure of the multi-method search
+    for page in pages:
+        assert page.stat().st_size < 100_000, page
+        # one script loads plotly.js, from beside the page
+        assert re.findall(r'<script[^>]* src="([^"]+)"', page.read_text()) == [PLOTLY_BUNDLE]
+    assert [p.name for p in out.rglob("*.js")] == [PLOTLY_BUNDLE]
+    assert (out / PLOTLY_BUNDLE).read_text(encoding="utf-8") == get_plotlyjs()
+
+    # the command offers exactly the ways write_report knows
+    (option,) = [p for p in report_command.params if p.name == "plotly_js"]
+    assert set(option.type.choices) == set(PLOTLY_JS)
+
+    # inline: each page carries plotly.js and no bundle is left beside them
+    args = ["lonely", "--tracking-uri", store["uri"], "--out", str(out), "--no-log"]
+    assert invoke(*args, "--plotly-js", "inline").exit_code == 0
+    assert not (out / PLOTLY_BUNDLE).exists()
+    assert (out / "learning_curves.html").stat().st_size > 1_000_000
