@@ -254,12 +254,19 @@ class SearchConfig(StrictModel):
     )
     num_samples: int = Field(12, ge=1, description="number of trials")
     max_concurrent: int | None = Field(None, ge=1, description="default: as many as fit")
-    sampler: Literal["tpe", "random", "grid", "cmaes", "nsga2"] = Field(
+    sampler: Literal["tpe", "random", "grid", "cmaes", "gp", "nsga2"] = Field(
         "tpe",
         description="Optuna sampler: tpe, random, grid (every combination of grid/choice "
-        "keys), cmaes (numeric keys), nsga2 (multi-objective)",
+        "keys), cmaes (numeric keys), gp (Optuna's Gaussian-process sampler), nsga2 "
+        "(multi-objective)",
     )
     seed: int = Field(0, description="seed of the sampler")
+    answer_repeats: bool = Field(
+        True,
+        description="over a discrete space, a configuration the sampler proposes again is "
+        "answered from its earlier trial instead of trained again; false: it trains again "
+        "(another draw of its noise, at the cost of a trial)",
+    )
     seeds: list[int] | None = Field(
         None,
         min_length=1,
@@ -307,10 +314,10 @@ class SearchConfig(StrictModel):
             names = [o.metric for o in self.objectives]
             if len(set(names)) != len(names):
                 raise ValueError(f"objectives repeat a metric: {names}")
-            if self.sampler == "cmaes":
+            if self.sampler in ("cmaes", "gp"):
                 raise ValueError(
-                    "sampler: cmaes optimises a single objective: with search.objectives, "
-                    "sampler must be tpe, nsga2 or random"
+                    f"sampler: {self.sampler} optimises a single objective: with "
+                    "search.objectives, sampler must be tpe, nsga2 or random"
                 )
         return self
 

@@ -76,6 +76,8 @@ def build_sampler(cfg: ExperimentConfig, earlier_trials: int = 0) -> optuna.samp
             independent_sampler=optuna.samplers.TPESampler(seed=seed),
             warn_independent_sampling=False,
         )
+    if name == "gp":  # a Gaussian process over the keys (categorical ones included)
+        return optuna.samplers.GPSampler(seed=seed)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     conditional = any(is_conditional(k) for k in cfg.space)

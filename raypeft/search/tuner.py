@@ -82,7 +82,7 @@ def optuna_searcher(
         constraints,
         parent_run_id,
         points_to_evaluate=study.points,
-        answer_repeats=discrete_space(cfg),
+        answer_repeats=cfg.search.answer_repeats and discrete_space(cfg),
         prune_stopped=stops_on_objective(cfg, objectives[0]),
     )
     return ConcurrencyLimiter(search, max_concurrent=max_concurrent(cfg))

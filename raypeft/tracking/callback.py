@@ -45,6 +45,7 @@ from raypeft.tracking.tags import (
     TRIAL_ID_TAG,
     result_tag,
 )
+from raypeft.training.checkpoints import intact_checkpoint
 from raypeft.training.result_keys import (
     FAILURE_KEY,
     PACK_ID_KEY,
@@ -175,10 +176,16 @@ class MLflowTrialCallback(Callback):
         self._repeats: set[str] = set()  # trial ids of the repeats' runs (search.repeat_best)
 
     def best_checkpoint_dir(self, trial_id: str) -> Path | None:
-        """Local folder of the trial's best checkpoint (the latest one it reported)."""
-        return checkpoint_dir(
+        """Local folder of the trial's best checkpoint (the latest one it reported), or, where
+        that one is damaged or incomplete (a node lost while Tune deleted it), the newest
+        intact one beside it: each holds the best model up to its step."""
+        folder = checkpoint_dir(
             self.tune_checkpoints.get(trial_id), self.train_checkpoints.get(trial_id)
         )
+        if folder is None:
+            return None
+        usable, _ = intact_checkpoint(folder)
+        return usable or folder  # none intact: the reader says what is wrong, in one line
 
     # Tune saves this with the experiment: a resumed search knows its trials' runs
     def get_state(self) -> dict:

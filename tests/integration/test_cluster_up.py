@@ -488,10 +488,6 @@ def test_a_search_submitted_as_a_job_reaches_the_heads_mlflow(cluster, tmp_path)
         tunnel.close()
 
 
-@pytest.mark.skip(
-    reason="known bug (issue 26): after ray down mid-search, ray up and --resume, the test "
-    "split's scoring finds the best trial's checkpoint_000010 without config.yaml (a traceback)"
-)
 def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
     """A search stopped by `ray down` continues with --resume after the next `ray up`, which
     ships a code change and keeps the head's MLflow store, artefacts and Optuna study."""

@@ -5,7 +5,7 @@ Both files go through what `ray up` itself runs before any cloud call: the autos
 `validate_config` (jsonschema against the installed Ray's ray-schema.json, plus its own
 head/worker checks). No AWS call, no network. Then the security properties of
 cluster/aws.yaml are read from the file itself, and every `ray`, `raypeft` and `mlflow`
-command in docs/cluster.md (and the README's cluster section) is checked against the real
+command in docs/cluster.md (and the guide's cluster section) is checked against the real
 command-line interfaces: subcommands, options, referenced files, and raypeft's experiment
 loader for `raypeft tune ... --set ...`.
 """
@@ -33,7 +33,7 @@ AWS = REPO / "cluster" / "aws.yaml"
 LOCAL = REPO / "cluster" / "local.yaml"
 NODE = REPO / "cluster" / "node.sh"
 DOCS = REPO / "docs" / "cluster.md"
-README = REPO / "README.md"
+GUIDE = REPO / "docs" / "guide.md"
 FILES = {"aws": AWS, "local": LOCAL}
 
 COMMAND_LISTS = (
@@ -338,15 +338,15 @@ def test_results_go_to_shared_storage_through_run_storage_path():
 # ----------------------------------------------------------------------------- the docs
 
 
-def readme_section() -> str:
-    text = README.read_text()
+def guide_section() -> str:
+    text = GUIDE.read_text()
     match = re.search(r"^## Running on a cluster\n(.*?)(?=^## )", text, re.M | re.S)
-    assert match, "README.md: no `## Running on a cluster` section"
+    assert match, "docs/guide.md: no `## Running on a cluster` section"
     return match.group(0)
 
 
 def doc_texts() -> dict[str, str]:
-    return {"docs/cluster.md": DOCS.read_text(), "README.md": readme_section()}
+    return {"docs/cluster.md": DOCS.read_text(), "docs/guide.md": guide_section()}
 
 
 def shell_lines(markdown: str) -> list[str]:

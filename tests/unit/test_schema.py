@@ -44,7 +44,7 @@ def test_shipped_files_name_the_schema_and_match_its_sections(path):
 def test_schema_describes_the_search_language():
     defs = experiment_json_schema()["$defs"]
     search = defs["SearchConfig"]["properties"]
-    assert set(search["sampler"]["enum"]) == {"tpe", "random", "grid", "cmaes", "nsga2"}
+    assert set(search["sampler"]["enum"]) == {"tpe", "random", "grid", "cmaes", "gp", "nsga2"}
     assert {"objectives", "constraints", "repeat_best", "trial_seed", "storage"} <= set(search)
     kinds = defs["SchedulerConfig"]["properties"]["type"]["enum"]
     assert set(kinds) == {"asha", "hyperband", "median", "none"}

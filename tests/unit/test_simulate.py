@@ -135,6 +135,24 @@ def test_asha_stops_trials_the_grid_would_run_and_spends_less(table):
         assert score.curve[-1][1] == pytest.approx(score.regret)
 
 
+@pytest.mark.parametrize("sampler", ["random", "gp"])
+def test_other_samplers_replay_through_the_same_searcher(table, sampler):
+    sim = simulate(search(num_samples=8, sampler=sampler, scheduler={"type": "none"}), table, 3)
+    assert sim.cfg.search.sampler == sampler
+    assert [score.trials for score in sim.scores] == [8, 8, 8]
+    assert all(score.chosen in sim.quality.means for score in sim.scores)
+
+
+def test_answer_repeats_off_trains_a_proposed_again_configuration_again(table):
+    """20 random proposals over 12 configurations: answered from the study, at most 12 train;
+    with ``answer_repeats: false`` all 20 train (each another draw of its seeds)."""
+    settings = {"num_samples": 20, "sampler": "random", "scheduler": {"type": "none"}}
+    answered = simulate(search(**settings), table, 2)
+    trained = simulate(search(**settings, answer_repeats=False), table, 2)
+    assert all(score.trials <= 12 for score in answered.scores)
+    assert [score.trials for score in trained.scores] == [20, 20]
+
+
 def test_each_replay_draws_one_seed_per_configuration_and_differs(table):
     first = draw_seeds(table, random.Random("0/0"))
     assert len(first) == 12
