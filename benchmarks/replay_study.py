@@ -1,0 +1,165 @@
+"""Search defaults chosen by the numbers (issue 25, item 4): settings replayed against tables.
+
+Every setting below is the shipped ``search_spaces/dept.yaml`` search with some ``search.*``
+keys changed; each is replayed ``--replays`` times (default 30) against each learning-curve
+table given (``raypeft table``'s files) by :func:`raypeft.search.simulate.simulate`, the same
+Optuna searcher and Tune scheduler objects ``raypeft tune`` builds, on a simulated clock.
+Per table it prints one row per setting: the chosen configuration's regret (points below the
+table's best seed-mean) and the compute (trial-steps and simulated wall time, fractions of
+the full grid's on the same seed draws), as median [25th-75th percentile], the median's
+bootstrap 95% interval, and whether the issue's goal is met (regret within 0.5 points or the
+best configuration's standard error over seeds, at <= 0.30 of the grid's trial-steps).
+
+Results are appended to ``--out`` (JSON lines) as each setting finishes, so an interrupted
+study continues where it stopped: a setting already there for the same table, replays and
+seed is not replayed again.
+
+Usage::
+
+    python -m benchmarks.replay_study --table benchmarks/results/table_dept_subj.json
+    python -m benchmarks.replay_study --table T1.json --table T2.json --replays 30 \\
+        --only tpe-asha-loss --out benchmarks/results/replay_study.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.tables import print_table, right_aligned_after
+from raypeft.config.loading import load_experiment
+from raypeft.search.simulate import CurveTable, simulate
+
+BASE = REPO / "search_spaces" / "dept.yaml"
+ASHA = {"type": "asha", "grace_period": 1, "reduction_factor": 3, "metric": "val_loss"}
+
+# label -> search.* overrides of the shipped DePT search (the first row is what ships)
+SETTINGS: dict[str, dict] = {
+    "tpe-asha-loss (shipped)": {},
+    "tpe-none": {"scheduler": {"type": "none"}},
+    "tpe-asha-accuracy": {"scheduler": {**ASHA, "metric": "val_accuracy"}},
+    "tpe-asha-loss-grace2": {"scheduler": {**ASHA, "grace_period": 2}},
+    "tpe-asha-loss-rf2": {"scheduler": {**ASHA, "reduction_factor": 2}},
+    "tpe-hyperband-loss": {"scheduler": {**ASHA, "type": "hyperband"}},
+    "tpe-median-loss": {"scheduler": {"type": "median", "grace_period": 1, "metric": "val_loss"}},
+    "tpe-asha-loss-n6": {"num_samples": 6},
+    "tpe-asha-loss-n18": {"num_samples": 18},
+    "tpe-asha-loss-n24": {"num_samples": 24},
+    "tpe-asha-loss-retrain-repeats": {"answer_repeats": False},
+    "random-asha-loss": {"sampler": "random"},
+    "random-none": {"sampler": "random", "scheduler": {"type": "none"}},
+    "gp-asha-loss": {"sampler": "gp"},
+    "gp-none": {"sampler": "gp", "scheduler": {"type": "none"}},
+}
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def search_with(overrides: dict):
+    """The shipped DePT search with ``search.<key>`` overridden."""
+    base = load_experiment(BASE)
+    search = base.search.model_dump(mode="json") | overrides
+    data = base.model_dump(mode="json") | {"search": search}
+    return type(base).model_validate(data)
+
+
+def done_keys(out: Path) -> set[tuple]:
+    if not out.exists():
+        return set()
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return {(r["table_digest"], r["setting"], r["replays"], r["seed"]) for r in rows}
+
+
+def study_row(label: str, table_path: Path, table: CurveTable, replays: int, seed: int) -> dict:
+    """Replay one setting against one table; its figures as one JSON-able row."""
+    started = time.perf_counter()
+    sim = simulate(search_with(SETTINGS[label]), table, replays=replays, seed=seed, label=label)
+    row = {
+        "setting": label,
+        "overrides": SETTINGS[label],
+        "table": str(table_path),
+        "table_digest": digest(table_path),
+        "replays": replays,
+        "seed": seed,
+        "seconds": round(time.perf_counter() - started, 1),
+        "goal": sim.goal(),
+    }
+    for figure in ("regret", "normalised", "steps", "wall"):
+        spread = sim.spread(figure)
+        row[figure] = {
+            "median": spread.median,
+            "median_ci": list(spread.median_ci),
+            "iqm": spread.iqm,
+            "q25": spread.q25,
+            "q75": spread.q75,
+        }
+    row["stopped_median"] = sorted(s.stopped for s in sim.scores)[len(sim.scores) // 2]
+    return row
+
+
+def cell(figure: dict, digits: int = 2) -> str:
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(figure['median'])} [{f.format(figure['q25'])}-{f.format(figure['q75'])}]"
+
+
+def print_rows(rows: list[dict]) -> None:
+    header = [
+        "setting", "regret (points) median [IQR]", "median 95% CI", "trial-steps / grid",
+        "wall / grid", "goal",
+    ]  # fmt: skip
+    body = [
+        [
+            r["setting"],
+            cell(r["regret"]),
+            "{:.2f}-{:.2f}".format(*r["regret"]["median_ci"]),
+            cell(r["steps"]),
+            cell(r["wall"]),
+            "met" if r["goal"]["met"] else "missed",
+        ]
+        for r in rows
+    ]
+    print_table(header, body, right_aligned_after(1, len(header)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", action="append", type=Path, required=True)
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", action="append", help="setting labels (default: all)")
+    parser.add_argument("--out", type=Path, default=RESULTS / "replay_study.jsonl")
+    args = parser.parse_args()
+    labels = args.only or list(SETTINGS)
+    unknown = [label for label in labels if label not in SETTINGS]
+    if unknown:
+        parser.error(f"--only: unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+    done = done_keys(args.out)
+    for table_path in args.table:
+        table = CurveTable.load(table_path)
+        rows = []
+        for label in labels:
+            key = (digest(table_path), label, args.replays, args.seed)
+            if key in done:
+                continue
+            row = study_row(label, table_path, table, args.replays, args.seed)
+            with args.out.open("a") as out:
+                out.write(json.dumps(row) + "\n")
+            rows.append(row)
+            print(f"{table_path.name}: {label}: {row['seconds']} s", flush=True)
+        every = [
+            json.loads(line)
+            for line in args.out.read_text().splitlines()
+            if json.loads(line)["table_digest"] == digest(table_path)
+        ]
+        print(f"\n{table_path} ({args.replays} replays per setting, seed {args.seed}):")
+        print_rows([r for r in every if r["setting"] in labels and r["replays"] == args.replays])
+
+
+if __name__ == "__main__":
+    main()
