@@ -493,7 +493,7 @@ def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
     ships a code change and keeps the head's MLflow store, artefacts and Optuna study."""
     state = HOME / "raypeft-state"
     before = sorted(p.name for p in (state / "mlartifacts").rglob("*") if p.is_file())
-    longer = ["--set", "search.num_samples=4", "--set", "train.max_steps=400"]
+    longer = ["--set", "search.num_samples=4", "--set", "train.max_steps=200"]
     longer += ["--set", "train.eval_every=20", "--set", "search.scheduler.type=none"]
     cluster.submit(*longer, wait=False)
     db = state / "mlflow.db"
