@@ -72,14 +72,14 @@ def search(space=None, **settings):
     return validate_experiment({**BASE, "space": space, "search": settings}, "search.yaml")
 
 
+def full_grid_search():
+    """Every configuration of the table once, run to the end."""
+    grid = {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}}
+    return search(grid, sampler="grid", num_samples=12, scheduler={"type": "none"})
+
+
 def test_the_full_grid_replayed_finds_the_best_and_reports_every_recorded_value(table):
-    grid = search(
-        {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}},
-        sampler="grid",
-        num_samples=12,
-        scheduler={"type": "none"},
-    )
-    cfg = replay_config(grid, table, 2)
+    cfg = replay_config(full_grid_search(), table, 2)
     draws = draw_seeds(table, random.Random(0))
     replay = replay_search(cfg, table, draws, 2)
     assert len(replay.trials) == 12 and all(t.ran_to_end for t in replay.trials)
@@ -98,13 +98,7 @@ def test_a_tie_goes_to_the_trial_created_first_as_in_the_real_search(table):
     """Every configuration reports the same values, the slow ones end last: the choice is
     still the first trial created (``raypeft tune`` chooses on Tune's creation order)."""
     flat = [0.5, 0.6, 0.7, 0.7, 0.7, 0.7]
-    grid = search(
-        {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}},
-        sampler="grid",
-        num_samples=12,
-        scheduler={"type": "none"},
-    )
-    cfg = replay_config(grid, table, 2)
+    cfg = replay_config(full_grid_search(), table, 2)
     draws = draw_seeds(table, random.Random(0))
     trials = replay_search(cfg, table, draws, 2).trials  # the same draws, the same first trial
     first = next(t.config for t in trials if t.trial_id == "replay_00000")

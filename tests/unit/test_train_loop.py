@@ -342,6 +342,20 @@ class Interrupt(Exception):
     """Stands for the process dying right after a report."""
 
 
+def killed_after_step_20(cfg, task, root) -> Recorder:
+    """A trial that dies right after its report at step 20: what it reported and saved."""
+    first = Recorder(root)
+
+    def dies_after_step_20(metrics, folder):
+        first(metrics, folder)
+        if metrics["step"] == 20:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        train(cfg, task, dies_after_step_20)
+    return first
+
+
 def test_resumed_trial_continues_exactly_where_it_stopped(tmp_path, task):
     """Killed after its 2nd evaluation and restarted from that checkpoint, a trial reports
     exactly what an uninterrupted one reports, and ends with the same tensors."""
@@ -351,16 +365,7 @@ def test_resumed_trial_continues_exactly_where_it_stopped(tmp_path, task):
     )
     whole = Recorder(tmp_path / "whole")
     train(cfg, task, whole)
-
-    first = Recorder(tmp_path / "first")
-
-    def dies_after_step_20(metrics, folder):
-        first(metrics, folder)
-        if metrics["step"] == 20:
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        train(cfg, task, dies_after_step_20)
+    first = killed_after_step_20(cfg, task, tmp_path / "first")
     second = Recorder(tmp_path / "second")
     train(cfg, task, second, resume_from=first.checkpoints[-1])
 
@@ -387,15 +392,7 @@ def test_a_trial_restarted_from_an_unusable_checkpoint_starts_over_and_says_why(
     cfg = experiment(max_steps=30)
     whole = Recorder(tmp_path / "whole")
     train(cfg, task, whole)
-    first = Recorder(tmp_path / "first")
-
-    def dies_after_step_20(metrics, folder):
-        first(metrics, folder)
-        if metrics["step"] == 20:
-            raise Interrupt
-
-    with pytest.raises(Interrupt):
-        train(cfg, task, dies_after_step_20)
+    first = killed_after_step_20(cfg, task, tmp_path / "first")
     folder = first.checkpoints[-1]
     if fault == "resume state truncated":
         state = folder / RESUME_DIR / "state.safetensors"
