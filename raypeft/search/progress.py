@@ -63,11 +63,14 @@ class ProgressPrinter(Callback):
         self._done = 0
         self._ended: set[str] = set()  # trials Tune completed (not left unfinished by a pause)
         self._restarts_told: set[str] = set()  # trials whose start over has been said
+        # trials seen unfinished by this search (not ended in an earlier one it resumes)
+        self._seen_unfinished: set[str] = set()
 
     # ------------------------------------------------------------------ Tune hooks
 
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result, **info):
         """A restarted trial that could not resume from its checkpoint: said once, why."""
+        self._seen_unfinished.add(trial.trial_id)
         if RESTARTED_KEY in result and trial.trial_id not in self._restarts_told:
             self._restarts_told.add(trial.trial_id)
             self.echo(f"{trial}: {result[RESTARTED_KEY]}")
@@ -113,14 +116,15 @@ class ProgressPrinter(Callback):
     def status(self, trial: Trial) -> str:
         """What became of a trial, in the words of the summary: Tune's TERMINATED says
         finished, stopped early, failed (a diverged loss) or interrupted (a paused search
-        left it unfinished; ``--resume`` continues it)."""
+        left it unfinished; ``--resume`` continues it). A trial that had ended in the search
+        a resumed one continues is shown as it ended, not as interrupted."""
         if trial.status != Trial.TERMINATED:
             return trial.status.lower()
         result = trial.last_result or {}
         if FAILURE_KEY in result:
             return "failed"
-        if trial.trial_id not in self._ended:
-            return "interrupted"
+        if trial.trial_id not in self._ended and trial.trial_id in self._seen_unfinished:
+            return "interrupted"  # it trained in this search, which ended without it
         return "finished" if ran_to_end(result) else "stopped early"
 
     def _in_flight(self, trial: Trial) -> bool:
@@ -131,6 +135,7 @@ class ProgressPrinter(Callback):
 
     def table(self, trials: list[Trial]) -> str:
         """Trials in flight first, then the best finished ones, at most ``show_rows``."""
+        self._seen_unfinished.update(t.trial_id for t in trials if t.status != Trial.TERMINATED)
         counts: dict[str, int] = {}
         for status in map(self.status, trials):
             counts[status] = counts.get(status, 0) + 1

@@ -81,3 +81,18 @@ def test_best_in_min_mode_and_none_before_any_trial_ends():
     low = tune_trial(Trial.TERMINATED, 0.2, evals(0.3))
     high = tune_trial(Trial.TERMINATED, 0.3, evals(0.4))
     assert best_line(printer("min").table([running, high, low])) == f"best {METRIC} 0.3 ({low})"
+
+
+def test_a_resumed_search_shows_the_earlier_searchs_trials_as_they_ended():
+    """Resumed, the search's table holds the trials the paused one finished (TERMINATED when
+    first seen): finished or stopped early, not interrupted; a trial this search saw training
+    and that ended without completing (a new pause) is interrupted."""
+    earlier = tune_trial(
+        Trial.TERMINATED, 0.1, [{**r, "trial_max_steps": 30} for r in evals(0.5, 0.6, 0.7)]
+    )
+    live = tune_trial(Trial.RUNNING, 0.2, evals(0.6))
+    shown = printer()
+    shown.table([earlier, live])  # the first table of the resumed search
+    live.set_status(Trial.TERMINATED)  # paused again before it completed
+    rows = {row.split()[0]: row.split()[1] for row in shown.table([earlier, live]).splitlines()[2:]}
+    assert rows == {str(earlier): "finished", str(live): "interrupted"}

@@ -153,5 +153,7 @@ def test_progress_table_and_lines():
 
 def test_a_trial_a_pause_left_unfinished_is_shown_interrupted():
     printer = ProgressPrinter(["method.lr"], "best_val_accuracy", "max", num_samples=2)
-    paused = FakeTrial("pt_1", "TERMINATED", {"method.lr": 0.1}, {"step": 10})
+    paused = FakeTrial("pt_1", "RUNNING", {"method.lr": 0.1}, {"step": 10})
+    printer.table([paused])  # seen training by this search
+    paused.status = "TERMINATED"  # the pause ended it
     assert printer.status(paused) == "interrupted"  # Tune never completed it
