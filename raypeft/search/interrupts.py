@@ -12,6 +12,7 @@ a SIGKILL. :func:`raypeft.search.run.run_experiment` then records the pause
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -95,6 +96,7 @@ class Interrupts:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         first = self.signum is None
         self.signum = self.signum or signum
+        quiet_killed_actors()
         if self._deferred:
             return
         if first and self._graceful is not None:
@@ -106,6 +108,15 @@ class Interrupts:
 
 
 _active: Interrupts | None = None  # the search's Interrupts (signals are process-wide)
+
+
+def quiet_killed_actors() -> None:
+    """After a signal, Tune ends its actors with ``ray.kill``: the results of the tasks they
+    were running hold an ActorDiedError nobody reads. Ray logs each such error as
+    "Unhandled error" when it drops the reference, at interpreter exit too, so a multi-line
+    error landed after the pause line, which must be the last one printed. The switch is
+    the one Ray names in that message, read each time an error is dropped."""
+    os.environ["RAY_IGNORE_UNHANDLED_ERRORS"] = "1"
 
 
 class TuneSignals(Callback):
