@@ -2,8 +2,9 @@
 
 Commands are thin: they parse, call library functions and print. One module per command
 (:mod:`.tune`, :mod:`.validate`, :mod:`.schema`, :mod:`.budget`, :mod:`.report`, :mod:`.ui`,
-:mod:`.predict`, :mod:`.export`); what they share is in :mod:`.options`. User errors print one
-line on stderr and exit with code 2, before Ray, MLflow or any folder is touched.
+:mod:`.predict`, :mod:`.serve`, :mod:`.export`, ...); what they share is in :mod:`.options`.
+User errors print one line on stderr and exit with code 2, before Ray, MLflow or any folder
+is touched.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from raypeft.cli import (
     predict,
     report,
     schema,
+    serve,
     simulate,
     table,
     tune,
@@ -60,5 +62,7 @@ def main() -> None:
     """Distributed hyperparameter search for prompt-based PEFT (Ray Tune + Optuna + MLflow)."""
 
 
-for _module in (tune, validate, schema, budget, report, ui, predict, export, table, simulate):
+for _module in (
+    tune, validate, schema, budget, report, ui, predict, serve, export, table, simulate
+):  # fmt: skip
     main.add_command(_module.command)

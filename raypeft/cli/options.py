@@ -8,6 +8,7 @@ stays fast.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -132,6 +133,16 @@ def one_source(run_id: str | None, experiment: str | None, model_uri: str | None
         fail("give exactly one of --run RUN_ID, --experiment NAME or --model models:/NAME@ALIAS")
 
 
+def which_model(run_id: str | None, experiment: str | None, model_uri: str | None) -> str:
+    """What the user's option names, said plainly (they can differ: a champion alias stays
+    on an earlier search's model unless a newer one beats it)."""
+    if model_uri:
+        return f"{model_uri} (the registered or logged model it names)"
+    if experiment:
+        return f"the best trial of experiment {experiment!r}'s newest finished search"
+    return "the given run"
+
+
 def download_trained(
     run_id: str | None,
     experiment: str | None,
@@ -162,3 +173,21 @@ def first_line(exc: Exception) -> str:
     """An exception's first line (its type when it has no message)."""
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
+
+
+def port_in_use(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound (None if it can), checked as the server binds it:
+    ``raypeft ui`` and ``raypeft serve`` say so in one line rather than let their server fail."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        return f"--host {host}: {exc.strerror}"
+    family, socktype, proto, _, address = infos[0]
+    with socket.socket(family, socktype, proto) as sock:
+        # as uvicorn does: a port that only has connections in TIME_WAIT is free
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            return f"{host}:{port}: cannot listen there ({exc.strerror}); choose another --port"
+    return None

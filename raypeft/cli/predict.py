@@ -27,6 +27,7 @@ from raypeft.cli.options import (
     one_source,
     quiet_libraries,
     run_options,
+    which_model,
 )
 from raypeft.config.schema import PRECISIONS
 from raypeft.errors import ConfigError
@@ -159,7 +160,7 @@ def command(
             count = _write(batches, predictor, output_format, pair, source)
             elapsed = time.perf_counter() - start
     rate = count / elapsed if elapsed > 0 else float("inf")
-    click.echo(f"model: {_which(run_id, experiment, model_uri)}: run {trained_run}", err=True)
+    click.echo(f"model: {which_model(run_id, experiment, model_uri)}: run {trained_run}", err=True)
     click.echo(
         f"{count} texts in {elapsed:.2f} s ({rate:.1f} texts/s; "
         f"model load {predictor.load_s:.2f} s)",
@@ -193,16 +194,6 @@ def _trained(
         return folder, bool(read_task_metadata(folder).get("text_pair")), trained_run
     except ConfigError as exc:
         fail(str(exc))
-
-
-def _which(run_id: str | None, experiment: str | None, model_uri: str | None) -> str:
-    """What the user's option names, said plainly (they can differ: a champion alias stays
-    on an earlier search's model unless a newer one beats it)."""
-    if model_uri:
-        return f"{model_uri} (the registered or logged model it names)"
-    if experiment:
-        return f"the best trial of experiment {experiment!r}'s newest finished search"
-    return "the given run"
 
 
 @contextlib.contextmanager

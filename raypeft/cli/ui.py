@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from raypeft.cli.options import TRACKING_URI, fail, quiet_libraries
+from raypeft.cli.options import TRACKING_URI, fail, port_in_use, quiet_libraries
 from raypeft.config.redact import redact_uri
 from raypeft.errors import ConfigError
 from raypeft.tracking.stores import check_store, sqlite_file
@@ -38,23 +37,6 @@ REMOTE_SCHEMES = ("http:", "https:", "databricks")
 
 class _Stop(Exception):
     """SIGTERM or SIGHUP arrived."""
-
-
-def _port_in_use(host: str, port: int) -> str | None:
-    """Why ``host:port`` cannot be bound (None if it can), checked as the server binds it."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as exc:
-        return f"--host {host}: {exc.strerror}"
-    family, socktype, proto, _, address = infos[0]
-    with socket.socket(family, socktype, proto) as sock:
-        # as uvicorn does: a port that only has connections in TIME_WAIT is free
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(address)
-        except OSError as exc:
-            return f"{host}:{port}: cannot listen there ({exc.strerror}); choose another --port"
-    return None
 
 
 def _client_host(host: str) -> str:
@@ -205,7 +187,7 @@ def _check_before_starting(
         check_store(uri)
     except ConfigError as exc:
         fail(str(exc))
-    why = _port_in_use(host, port)
+    why = port_in_use(host, port)
     if why:
         fail(why)
     if experiment is None:

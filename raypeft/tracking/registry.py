@@ -21,15 +21,19 @@ from mlflow.tracking import MlflowClient
 
 from raypeft.data.metrics import format_metric
 from raypeft.errors import ConfigError, DamagedArtefact
+from raypeft.tracking import runs
 from raypeft.tracking.tags import (
     BACKBONE_TAG,
     EXPERIMENT_TAG,
     METHOD_TAG,
     METRIC_TAG,
     MODE_TAG,
+    MODEL_ID_TAG,
     MODEL_VERSIONS_TAG,
     PARAMS_TAG,
     PYFUNC_ARTIFACT,
+    ROLE_SEARCH,
+    ROLE_TAG,
     RUN_TAG,
     SEARCH_TAG,
     TASK_TAG,
@@ -318,5 +322,33 @@ def download_registered(store: str, uri: str, dst: Path) -> tuple[Path, str]:
     try:
         check_digests(folder, MODEL_FILES)
     except DamagedArtefact as damaged:
-        raise damaged.located(f"--model {uri}: artifacts/{PYFUNC_ARTIFACT}") from None
+        where = f"model {uri} (logged from run {run_id}): artifacts/{PYFUNC_ARTIFACT}"
+        raise damaged.located(where) from None
     return folder, run_id
+
+
+def logged_model_uri(client: MlflowClient, run_id: str | None, experiment: str | None) -> str:
+    """The ``models:/<id>`` URI of the python_function model logged for a trial run, for a
+    search run (the model it chose) or for an experiment's newest search (its chosen model)."""
+    if experiment is not None:
+        search = runs.latest_parent_run(client, runs.find_experiment(client, experiment))
+        return _chosen_model_uri(search, f"experiment {experiment!r}: its newest search")
+    run = runs.get_run(client, run_id)
+    if run.data.tags.get(ROLE_TAG) == ROLE_SEARCH:
+        return _chosen_model_uri(run, f"run {run_id}")
+    found = client.search_logged_models(
+        experiment_ids=[run.info.experiment_id], filter_string=f"source_run_id = '{run_id}'"
+    )
+    if not found:
+        raise ConfigError(
+            f"run {run_id}: no python_function model was logged from it (search.log_models: "
+            "best logs the chosen trial's only); use --experiment, or log_models: all"
+        )
+    return f"models:/{found[0].model_id}"
+
+
+def _chosen_model_uri(search_run, what: str) -> str:
+    model_id = search_run.data.tags.get(MODEL_ID_TAG)
+    if not model_id:
+        raise ConfigError(f"{what} ({search_run.info.run_id}) logged no python_function model")
+    return f"models:/{model_id}"

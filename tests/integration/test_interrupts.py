@@ -220,8 +220,8 @@ def _one_line_error(proc, *expected: str) -> None:
 def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
     """The paused trial's checkpoint damaged, ``--resume`` trains that trial again from step
     0, says so, and counts it as what it is (finished, not failed); the finished search's
-    model damaged in MLflow's store, ``predict`` and ``export`` refuse it in one line naming
-    the run and the file."""
+    model damaged in MLflow's store, ``predict``, ``export`` and ``serve`` refuse it in one
+    line naming the run and the file."""
     proc = _start(tmp_path)
     try:
         _, running = _one_finished_one_midway(tmp_path, proc)
@@ -259,3 +259,17 @@ def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
     (stored / "config.yaml").unlink()
     missing = f"run {best_run.info.run_id}: model/config.yaml: missing"
     _one_line_error(run_cli(predict, tmp_path, stdin="good\n"), missing)
+
+    # the python_function model's own copy: `raypeft serve` checks it before MLflow's server
+    # starts, and `predict --model` reads the same copy
+    model_id = parent.data.tags["raypeft.best_model_id"]
+    pyfunc = Path(client.get_logged_model(model_id).artifact_location.removeprefix("file://"))
+    (served,) = pyfunc.rglob("raypeft_model/trainable.safetensors")
+    served.write_bytes(served.read_bytes()[:1000])
+    where = (
+        f"model models:/{model_id} (logged from run {best_run.info.run_id}): "
+        "artifacts/raypeft_model/trainable.safetensors: damaged"
+    )
+    _one_line_error(run_cli(["serve", "--experiment", STUDY], tmp_path), where)
+    by_model = ["predict", "--model", f"models:/{model_id}", "--input", "-"]
+    _one_line_error(run_cli(by_model, tmp_path, stdin="good\n"), where)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import cli_env, run_cli
+from helpers import RAYPEFT, cli_env, run_cli
 from mlflow.tracking import MlflowClient
 
 from raypeft.tracking.runs import parent_runs, trial_runs
@@ -97,28 +97,37 @@ def pyfunc_predictions(model_uri: str, tracking_uri: str, cwd: Path) -> list[dic
 
 
 @contextmanager
-def served(model_uri: str, tracking_uri: str, cwd: Path):
+def served(model_uri: str, tracking_uri: str, cwd: Path, through_raypeft: str | None = None):
     """``mlflow models serve -m URI --env-manager local`` on a free loopback port; its base
-    URL once it answers /ping; its process group stopped after."""
+    URL once it answers /ping; its process group stopped after. ``through_raypeft``: an
+    experiment name, served instead by ``raypeft serve --experiment NAME``, which checks the
+    model's files and then becomes ``mlflow models serve`` itself (on a plain PATH)."""
     port = free_port()
     log = cwd / f"serve-{port}.log"
+    where = ["-h", "127.0.0.1", "-p", str(port)]
+    if through_raypeft is None:
+        command = [str(Path(sys.executable).with_name("mlflow")), "models", "serve"]
+        command += ["-m", model_uri, "--env-manager", "local", *where]
+        env = model_env(tracking_uri)
+    else:
+        command = [RAYPEFT, "serve", "--experiment", through_raypeft, *where]
+        env = {**cli_env(), "MLFLOW_TRACKING_URI": tracking_uri}
     with log.open("w") as out:
         proc = subprocess.Popen(
-            [str(Path(sys.executable).with_name("mlflow")), "models", "serve", "-m", model_uri,
-             "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)],
+            command,
             cwd=cwd,
-            env=model_env(tracking_uri),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-        )  # fmt: skip
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + SERVE_TIMEOUT_S
         while True:
             if proc.poll() is not None:
-                pytest.fail(f"mlflow models serve exited ({proc.returncode}):\n{log.read_text()}")
+                pytest.fail(f"{command[:2]} exited ({proc.returncode}):\n{log.read_text()}")
             try:
                 with urllib.request.urlopen(f"{base}/ping", timeout=2) as response:
                     if response.status == 200:
@@ -126,7 +135,7 @@ def served(model_uri: str, tracking_uri: str, cwd: Path):
             except OSError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"mlflow models serve did not answer:\n{log.read_text()[-3000:]}")
+                pytest.fail(f"{command[:2]} did not answer:\n{log.read_text()[-3000:]}")
             time.sleep(0.5)
         yield base
     finally:
@@ -258,7 +267,8 @@ def test_champion_loads_and_serves_what_raypeft_predict_prints(finished_search, 
     assert {r["label"] for r in cli} <= {"negative", "neutral", "positive"}
 
     check_equal_to_cli(cli, pyfunc_predictions(champion, uri, tmp_path), head=True)
-    with served(champion, uri, tmp_path) as base:
+    # `raypeft serve --experiment` (files checked first) serves the same model as MLflow would
+    with served(champion, uri, tmp_path, through_raypeft=name) as base:
         rows = invocations(
             base,
             {"dataframe_records": [{"text": t} for t in TEXTS], "params": {"batch_size": 4}},

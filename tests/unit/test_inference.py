@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -666,6 +667,47 @@ def test_predict_command_errors(store, args, stdin, message):
     assert result.stderr.startswith("error: ") and message in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1  # one line, no traceback
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "give exactly one of --run RUN_ID, --experiment NAME or --model"),
+        (["--run", "0123456789abcdef"], "run '0123456789abcdef': not found"),
+        (["--experiment", "nope"], "experiment 'nope': not found"),
+        (["--experiment", "pt-bert"], "its newest search ("),
+        (["--run", "<trial>"], "no python_function model was logged from it"),
+        (["--model", "models:/pt-bert@champion"], "not in the model registry"),
+    ],
+    ids=["none", "unknown-run", "unknown-experiment", "no-pyfunc", "trial-no-pyfunc", "alias"],
+)
+def test_serve_command_errors_before_any_server(store, args, message):
+    """Everything `raypeft serve` refuses, it refuses in one line before MLflow's server
+    starts (these searches logged their tensors, not a python_function model)."""
+    args = [store.runs["pt"][1] if a == "<trial>" else a for a in args]
+    result = invoke("serve", *args, "--tracking-uri", store.uri, "--port", str(free_port()))
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_serve_command_refuses_a_taken_port(store):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("serve", "--experiment", "pt-bert", "--port", str(port))
+    assert result.exit_code == 2
+    assert result.stderr.strip() == (
+        f"error: 127.0.0.1:{port}: cannot listen there (Address already in use); "
+        "choose another --port"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def test_predict_command_missing_store(tmp_path):
