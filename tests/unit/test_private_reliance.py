@@ -29,6 +29,20 @@ def test_a_local_ray_can_be_started_on_loopback_only():
     assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
 
 
+def test_the_token_auth_notice_comes_from_the_logger_raypeft_quiets():
+    """Reason: Ray >= 2.59 logs, at every local start, that it turned token authentication
+    on; search/run.py quiets that one logger by name, which is its module's name (a moved
+    module brings the notice back into every search's output)."""
+    import importlib
+    import logging
+
+    module = importlib.import_module("ray._private.authentication.authentication_token_setup")
+    assert module.logger is logging.getLogger(
+        "ray._private.authentication.authentication_token_setup"
+    )
+    assert module.logger.name.startswith("ray._private.authentication.")
+
+
 def test_a_function_trainables_report_waits_for_tune():
     """Reason: a packed trial steps again only after tune.report returned, which Ray 2.60's
     train session makes wait until Tune asks for the next result (search/packs.py)."""
