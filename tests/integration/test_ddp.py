@@ -1,10 +1,12 @@
 """``workers_per_trial: 2``: one trial trained with DDP across two Ray Train workers (gloo on
-CPU) learns what one worker learns at the same global batch size; both searches, run with
-``trial_runner: ray_train``, log what a search trained inside its Tune trials logs.
+CPU) learns what one worker learns at the same global batch size, and logs what a search
+trained inside its Tune trials logs.
 
 Both runs see the same global batches (raypeft.training.sampler.GlobalBatchSampler: each worker
 takes half of every batch) and DDP averages the two halves' gradients, which is the gradient of the
-whole batch; so the metrics agree up to floating-point summation order, step by step.
+whole batch; so the metrics agree up to floating-point summation order, step by step. The
+one-worker run is a plain Tune trial (the default trial runner), so the test also shows that
+a Ray Train trial learns and logs exactly what a Tune trial does.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def run_one_trial(tmp_path, resources: dict) -> dict[str, list[tuple[int, float]
 
 
 def test_two_ddp_workers_match_one_worker_at_the_same_global_batch(tmp_path):
-    one = run_one_trial(tmp_path / "one", {"trial_runner": "ray_train", "workers_per_trial": 1})
+    one = run_one_trial(tmp_path / "one", {})  # the default: trained inside the Tune trial
     two = run_one_trial(tmp_path / "two", {"trial_runner": "ray_train", "workers_per_trial": 2})
     for name in METRICS:
         steps_one = [s for s, _ in one[name]]
