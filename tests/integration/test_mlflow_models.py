@@ -104,13 +104,12 @@ def served(model_uri: str, tracking_uri: str, cwd: Path, through_raypeft: str | 
     model's files and then becomes ``mlflow models serve`` itself (on a plain PATH)."""
     port = free_port()
     log = cwd / f"serve-{port}.log"
-    where = ["-h", "127.0.0.1", "-p", str(port)]
     if through_raypeft is None:
         command = [str(Path(sys.executable).with_name("mlflow")), "models", "serve"]
-        command += ["-m", model_uri, "--env-manager", "local", *where]
+        command += ["-m", model_uri, "--env-manager", "local", "-h", "127.0.0.1", "-p", str(port)]
         env = model_env(tracking_uri)
     else:
-        command = [RAYPEFT, "serve", "--experiment", through_raypeft, *where]
+        command = [RAYPEFT, "serve", "--experiment", through_raypeft, "--port", str(port)]
         env = {**cli_env(), "MLFLOW_TRACKING_URI": tracking_uri}
     with log.open("w") as out:
         proc = subprocess.Popen(
