@@ -120,8 +120,7 @@ def _snippet(
     if kind == "seq2seq":
         return lines + _seq2seq_lines(cfg, pairs)
     lines += [
-        f"inputs = tokenizer(texts{pairs}, padding='max_length', truncation=True, "
-        f"max_length={cfg.model.max_length}, return_tensors='pt')",
+        _tokenize_line(cfg, pairs),
         "with torch.no_grad():",
         "    logits = model(**inputs).logits",
     ]
@@ -138,10 +137,20 @@ def _snippet(
     ]
 
 
+TORCH_TENSORS = "pt"  # transformers' return_tensors value for torch (not the PT method)
+
+
+def _tokenize_line(cfg: ExperimentConfig, pairs: str) -> str:
+    """The snippet's tokenizer call: padded and cut as the model was trained."""
+    return (
+        f"inputs = tokenizer(texts{pairs}, padding='max_length', truncation=True, "
+        f"max_length={cfg.model.max_length}, return_tensors={TORCH_TENSORS!r})"
+    )
+
+
 def _seq2seq_lines(cfg: ExperimentConfig, pairs: str) -> list[str]:
     return [
-        f"inputs = tokenizer(texts{pairs}, padding='max_length', truncation=True, "
-        f"max_length={cfg.model.max_length}, return_tensors='pt')",
+        _tokenize_line(cfg, pairs),
         "with torch.no_grad():",
         "    written = model.generate(**inputs, max_new_tokens=8)",
         "for text, label in zip(texts, tokenizer.batch_decode(written, skip_special_tokens=True)):",
