@@ -160,3 +160,21 @@ def test_the_experiment_file_is_an_argument_of_tune_as_of_validate(tmp_path):
     missing = invoke("tune", "no/such/file.yaml")
     assert missing.exit_code == 2 and "no/such/file.yaml: file not found" in missing.output
     assert invoke("validate", "--space", dept).exit_code == 0
+
+
+def test_the_console_script_skips_the_last_garbage_collection(monkeypatch):
+    """``raypeft`` runs :func:`raypeft.cli.main.run`: :func:`gc.freeze` registered at exit
+    (the interpreter's last collection took ~2 s of CPU), then the command."""
+    import atexit
+    import gc
+    from importlib.metadata import entry_points
+
+    import raypeft.cli.main as cli_main
+
+    (script,) = entry_points(group="console_scripts", name="raypeft")
+    assert script.value == "raypeft.cli.main:run"
+    registered, ran = [], []
+    monkeypatch.setattr(atexit, "register", registered.append)
+    monkeypatch.setattr(cli_main, "main", lambda: ran.append("main"))
+    cli_main.run()
+    assert registered == [gc.freeze] and ran == ["main"]
