@@ -5,7 +5,8 @@ logged twice.
 The search: 3 DePT trials on tiny-bert, one at a time, 1,000 steps each with an evaluation
 (and checkpoint) every 100. The signal lands after the first trial finished and while the
 second is past a checkpoint. The SIGTERM test runs the trials in packs of two
-(``resources.trials_per_worker``): the signal lands while the third trains in a pack.
+(``resources.trials_per_worker``): the signal lands while the third trains in a pack. The
+damaged-checkpoint test pauses a shorter search (2 trials of 800 steps) in its first trial.
 """
 
 from __future__ import annotations
@@ -39,19 +40,20 @@ STEPS, EVERY = 1000, 100
 STUDY, OVERRIDE = "tiny-dept", "train.head_lr=0.02"  # an override the resume line must repeat
 
 
-def _start(tmp_path: Path, packed: bool = False):
-    """The search; ``packed``: two trials at a time in one pack (trials_per_worker 2), so the
-    signal lands while the third trial trains in the pack its first two left."""
+def _start(tmp_path: Path, packed: bool = False, trials: int = 3, steps: int = STEPS):
+    """The search: ``trials`` grid points of ``steps`` steps each; ``packed``: two trials at a
+    time in one pack (trials_per_worker 2), so the signal lands while the third trial trains
+    in the pack its first two left."""
     path = tiny_experiment(
         tmp_path,
-        train={"max_steps": STEPS, "eval_every": EVERY, "batch_size": 8, "head_lr": 0.01},
+        train={"max_steps": steps, "eval_every": EVERY, "batch_size": 8, "head_lr": 0.01},
         space={
-            "method.lr_prompt": {"grid": [0.1, 0.3, 0.5]},
+            "method.lr_prompt": {"grid": [0.1, 0.3, 0.5][:trials]},
             "method.lr_lowrank": {"grid": [1.0e-3]},
             "method.prompt_length": {"choice": [2, 4, 6]},
         },
         search={
-            "num_samples": 3,
+            "num_samples": trials,
             "max_concurrent": 2 if packed else 1,
             "scheduler": {"type": "none"},
         },
@@ -60,28 +62,35 @@ def _start(tmp_path: Path, packed: bool = False):
     return start_search(["--space", str(path), "--quiet", "--set", OVERRIDE], tmp_path)
 
 
-def _one_finished_one_midway(tmp_path: Path, proc) -> tuple[str, str]:
-    def latest_steps() -> dict[str, int]:
-        out: dict[str, int] = {}
-        for r in results(tmp_path / "ray_results"):
-            out[r["trial_id"]] = max(out.get(r["trial_id"], 0), r.get("step", 0))
-        return out
+def _latest_steps(tmp_path: Path) -> dict[str, int]:
+    """Each trial's newest reported step (Tune's result files)."""
+    out: dict[str, int] = {}
+    for r in results(tmp_path / "ray_results"):
+        out[r["trial_id"]] = max(out.get(r["trial_id"], 0), r.get("step", 0))
+    return out
 
-    done = wait_for(
-        lambda: [t for t, s in latest_steps().items() if s >= STEPS], "trial 1", 400, proc
-    )
-    wait_for(lambda: mlflow_finished(tmp_path, done[0]), "trial 1 in MLflow", 60, proc)
+
+def _midway(tmp_path: Path, proc, steps: int = STEPS, besides: str = "") -> str:
+    """A trial (other than ``besides``) past a checkpoint and still far from its end."""
     running = wait_for(
         lambda: [
             t
-            for t, s in latest_steps().items()
-            if t != done[0] and 2 * EVERY <= s < STEPS - 2 * EVERY
+            for t, s in _latest_steps(tmp_path).items()
+            if t != besides and 2 * EVERY <= s < steps - 2 * EVERY
         ],
-        "a later trial mid-way (past a checkpoint)",
+        "a trial mid-way (past a checkpoint)",
         400,
         proc,
     )
-    return done[0], running[0]
+    return running[0]
+
+
+def _one_finished_one_midway(tmp_path: Path, proc) -> tuple[str, str]:
+    done = wait_for(
+        lambda: [t for t, s in _latest_steps(tmp_path).items() if s >= STEPS], "trial 1", 400, proc
+    )
+    wait_for(lambda: mlflow_finished(tmp_path, done[0]), "trial 1 in MLflow", 60, proc)
+    return done[0], _midway(tmp_path, proc, besides=done[0])
 
 
 def _paused_line(tmp_path: Path, signal_name: str) -> str:
@@ -97,7 +106,7 @@ def _paused_line(tmp_path: Path, signal_name: str) -> str:
     _, _, kids = parent_and_kids(tmp_path)
     ended = [k for k in kids if k.info.status != "KILLED"]
     killed = {k.data.tags["raypeft.trial_id"] for k in kids if k.info.status == "KILLED"}
-    assert int(match[1]) == len(ended) >= 1
+    assert int(match[1]) == len(ended)
     assert int(match[2]) == len(killed) and set(match[3].split(", ")) == killed
     return line
 
@@ -116,14 +125,16 @@ def _resume(tmp_path: Path, line: str):
     return resumed
 
 
-def _assert_completed_once(tmp_path: Path, parent_id: str) -> dict:
+def _assert_completed_once(
+    tmp_path: Path, parent_id: str, trials: int = 3, steps: int = STEPS
+) -> dict:
     client, parent, kids = parent_and_kids(tmp_path)  # still one search, the same run
     assert parent.info.run_id == parent_id and parent.info.status == "FINISHED"
     trial_ids = [k.data.tags["raypeft.trial_id"] for k in kids]
-    assert len(kids) == 3 and len(set(trial_ids)) == 3  # one run per trial
+    assert len(kids) == trials and len(set(trial_ids)) == trials  # one run per trial
     assert all(k.info.status == "FINISHED" for k in kids)
     for kid in kids:
-        assert_each_step_once(client, kid.info.run_id, STEPS, EVERY)
+        assert_each_step_once(client, kid.info.run_id, steps, EVERY)
     study = _study(tmp_path)
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
     complete = {
@@ -221,10 +232,12 @@ def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
     """The paused trial's checkpoint damaged, ``--resume`` trains that trial again from step
     0, says so, and counts it as what it is (finished, not failed); the finished search's
     model damaged in MLflow's store, ``predict``, ``export`` and ``serve`` refuse it in one
-    line naming the run and the file."""
-    proc = _start(tmp_path)
+    line naming the run and the file. (Two shorter trials, paused in the first: what is
+    damaged is all that matters here.)"""
+    trials, steps = 2, 800
+    proc = _start(tmp_path, trials=trials, steps=steps)
     try:
-        _, running = _one_finished_one_midway(tmp_path, proc)
+        running = _midway(tmp_path, proc, steps)
         os.kill(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=180) == 130, (tmp_path / "stdout.log").read_text()[-3000:]
     finally:
@@ -236,11 +249,11 @@ def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
     resumed = _resume(tmp_path, _paused_line(tmp_path, "SIGINT"))
     output = resumed.stdout + resumed.stderr
     assert "Traceback" not in output
-    assert "Search finished: 3 trials (0 stopped early, 0 failed)" in resumed.stdout
+    assert f"Search finished: {trials} trials (0 stopped early, 0 failed)" in resumed.stdout
     (said,) = [ln for ln in resumed.stdout.splitlines() if "could not resume" in ln]
     assert said.startswith("  1 of them") and running in said
     client, parent, _ = parent_and_kids(tmp_path)
-    after = _assert_completed_once(tmp_path, parent.info.run_id)
+    after = _assert_completed_once(tmp_path, parent.info.run_id, trials, steps)
     reason = after[running].data.tags["raypeft.restarted_because"]
     assert "state.safetensors: damaged" in reason and "started over" in reason
 
