@@ -69,7 +69,10 @@ setup() {
   test -x ~/venv/bin/pip || python3 -m venv ~/venv
   line_in_bashrc 'source ~/venv/bin/activate'
   line_in_bashrc 'export RAY_AUTH_MODE=token'
-  local pip=(~/venv/bin/pip install --quiet --disable-pip-version-check)
+  # --no-compile: byte-compiling every module of the venv (~24,000) takes a minute of CPU
+  # per node; Python compiles the few thousand a process imports on first import and keeps
+  # them (the node's shells do not set PYTHONDONTWRITEBYTECODE)
+  local pip=(~/venv/bin/pip install --quiet --disable-pip-version-check --no-compile)
   "${pip[@]}" --upgrade pip
   # torch first, from the chosen build, so that raypeft's `torch>=2.4` is already met by it;
   # -c constraints.txt then pins torch (whatever the build) and pyarrow<26 (mlflow).
