@@ -137,14 +137,11 @@ def _snippet(
     ]
 
 
-TORCH_TENSORS = "pt"  # transformers' return_tensors value for torch (not the PT method)
-
-
 def _tokenize_line(cfg: ExperimentConfig, pairs: str) -> str:
     """The snippet's tokenizer call: padded and cut as the model was trained."""
     return (
         f"inputs = tokenizer(texts{pairs}, padding='max_length', truncation=True, "
-        f"max_length={cfg.model.max_length}, return_tensors={TORCH_TENSORS!r})"
+        f"max_length={cfg.model.max_length}, return_tensors='pt')"  # torch tensors
     )
 
 
