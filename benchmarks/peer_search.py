@@ -291,7 +291,7 @@ def accuracy(prediction) -> dict:
 
 def final_run(cfg, data, folder: Path, params: dict, two_rates: bool) -> float:
     """The best trial's hyperparameters trained again; its test accuracy."""
-    from transformers import Trainer
+    from transformers import PrinterCallback, Trainer
 
     args = training_arguments(cfg, folder)
     args.learning_rate = params["learning_rate"]
@@ -302,6 +302,7 @@ def final_run(cfg, data, folder: Path, params: dict, two_rates: bool) -> float:
         eval_dataset=data["validation"],
         compute_metrics=accuracy,
     )
+    trainer.remove_callback(PrinterCallback)
     trainer.train()
     return trainer.evaluate(data["test"], metric_key_prefix="test")["test_accuracy"]
 

@@ -1,0 +1,212 @@
+"""Simulation agrees with reality (issue 25, item 3): real searches against the replayed band.
+
+Runs a search file (default: the shipped ``search_spaces/dept.yaml``) for real, as
+``raypeft tune`` does, on a learning-curve table's recording: the very experiment
+``raypeft simulate`` replays (:func:`raypeft.search.simulate.plan.replay_config`: the table's
+model, task, training length and evaluations; the file's space and search; the table's
+concurrency). Real run *k* uses sampler seed ``search.seed + k`` and trains every trial with
+``train.seed`` = ``--train-seed`` + k, a seed the table did not record, so each real run is a
+fresh draw of the noise, not a replay of recorded values.
+
+Each real run is scored as a replay is, against the same table: its compute (trial-steps,
+and the wall time from its first trial's start to its last trial's end, as fractions of the
+full grid's: ``len(grid) x steps`` and the grid's simulated wall, median over the replays'
+seed draws) and the regret of the configuration it chose (by the table's seed-means). The
+same file is then replayed ``--replays`` times, and each real figure is printed with the
+percentile where it falls among the replays and whether it lies inside their 5th-95th
+percentile band.
+
+Real runs are appended to ``--out`` (JSON lines) as each finishes; one already there (same
+table, file and seeds) is not run again, so an interrupted check continues.
+
+Usage::
+
+    python -m benchmarks.simulation_check --table benchmarks/results/table_dept_subj.json \\
+        --set task.data_dir=../shared/data/subj --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import optuna
+
+from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.searches import quiet_and_local, timed_search
+from benchmarks.common.tables import print_table
+from raypeft.config.dotted import set_dotted
+from raypeft.config.loading import load_experiment, parse_override, validate_experiment
+from raypeft.config.space import configuration_key
+from raypeft.search.simulate.plan import configurations_of, fixed_values, replay_config
+from raypeft.search.simulate.replay import draw_seeds, replay_search
+from raypeft.search.simulate.runs import full_grid, simulate
+from raypeft.search.simulate.scores import Quality
+from raypeft.search.simulate.table import CurveTable
+
+BAND = (5, 95)  # a real run "agrees" when it lies inside this percentile band of the replays
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def real_config(search, table: CurveTable, k: int, train_seed: int, overrides: list[str],
+                folder: Path):  # fmt: skip
+    """The replayed experiment, to be run for real: sampler seed ``search.seed + k``, every
+    trial at ``train.seed`` ``train_seed + k``, records in ``folder``."""
+    cfg = replay_config(search, table, table.concurrency())
+    data = cfg.model_dump(mode="json")
+    data["name"] = f"{search.name}-check-{k}"
+    data["search"]["seed"] = cfg.search.seed + k
+    data["train"]["seed"] = train_seed + k
+    data["tracking"] = {"uri": f"sqlite:///{folder / 'mlflow.db'}"}
+    data["run"] = {**data.get("run", {}), "storage_path": str(folder / "ray_results")}
+    for override in overrides:
+        set_dotted(data, *parse_override(override))
+    return validate_experiment(data, "the real check")
+
+
+def real_run(cfg, table: CurveTable, quality: Quality, grid_steps: int, grid_wall: float,
+             folder: Path) -> dict:  # fmt: skip
+    """Run ``cfg`` for real and score it as a replay is scored."""
+    from mlflow.tracking import MlflowClient
+
+    summary, wall = timed_search(cfg, folder)
+    client = MlflowClient(summary.tracking_uri)
+    trials = [client.get_run(run_id) for run_id in summary.trial_run_ids.values()]
+    steps = [
+        max((m.step for m in client.get_metric_history(t.info.run_id, "val_loss")), default=0)
+        for t in trials
+    ]
+    makespan = (
+        max(t.info.end_time for t in trials) - min(t.info.start_time for t in trials)
+    ) / 1000
+    searched = {k: v for k, v in summary.best_params.items() if k in cfg.space}
+    chosen = configuration_key({**fixed_values(cfg, table), **searched})
+    return {
+        "sampler_seed": cfg.search.seed,
+        "train_seed": cfg.train.seed,
+        "chosen": chosen,
+        "regret": quality.regret(chosen),
+        "normalised": quality.normalised(chosen),
+        "steps": sum(steps) / grid_steps,
+        "wall": makespan / grid_wall,
+        "trials": len(trials),
+        "stopped": sum(s < cfg.train.max_steps for s in steps),
+        "search_wall_s": round(wall, 1),
+        "trials_wall_s": round(makespan, 1),
+        "best_val": summary.best_validation.get(f"val_{summary.metric}"),
+        "test": summary.test.get(f"test_{summary.metric}"),
+    }
+
+
+def grid_figures(cfg, table: CurveTable, replays: int) -> tuple[int, float]:
+    """The full grid's trial-steps, and its simulated wall time (median over seed draws)."""
+    grid = full_grid(cfg)
+    keys = configurations_of(grid, table)
+    by_key = table.by_configuration()
+    steps = sum(by_key[key][0].steps[-1] for key in keys)
+    concurrency = cfg.search.max_concurrent
+    draws = [draw_seeds(table, random.Random(f"0/{i}")) for i in range(replays)]
+    walls = [replay_search(grid, table, d, concurrency).wall_s for d in draws]
+    return steps, statistics.median(walls)
+
+
+def percentile_of(value: float, values: list[float]) -> float:
+    """Where ``value`` falls among ``values``: the percentage of them at or below it."""
+    return 100.0 * sum(v <= value for v in values) / len(values)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    quiet_and_local()
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per study otherwise
+    table = CurveTable.load(args.table)
+    search = load_experiment(args.space)
+    replayed = replay_config(search, table, table.concurrency())
+    quality = Quality.of(table, configurations_of(full_grid(replayed), table))
+    grid_steps, grid_wall = grid_figures(replayed, table, args.replays)
+    sim = simulate(search, table, replays=args.replays)
+    runs = done_runs(args)
+    for k in range(args.runs):
+        if any(r["k"] == k for r in runs):
+            continue
+        with tempfile.TemporaryDirectory(prefix="simulation-check-") as tmp:
+            cfg = real_config(search, table, k, args.train_seed, args.set, Path(tmp))
+            print(f"real run {k}: sampler seed {cfg.search.seed}, train.seed {cfg.train.seed}",
+                  flush=True)  # fmt: skip
+            row = {"key": run_key(args), "k": k}
+            row |= real_run(cfg, table, quality, grid_steps, grid_wall, Path(tmp))
+        with args.out.open("a") as out:
+            out.write(json.dumps(row) + "\n")
+        runs.append(row)
+        print(f"real run {k}: {json.dumps(row)}", flush=True)
+    report(sim, runs, args, grid_steps, grid_wall)
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", type=Path, required=True)
+    parser.add_argument("--space", type=Path, default=REPO / "search_spaces" / "dept.yaml")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--replays", type=int, default=30)
+    parser.add_argument("--train-seed", type=int, default=100,
+                        help="real run k trains at TRAIN_SEED + k (unrecorded)")  # fmt: skip
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a key of the real runs (e.g. task.data_dir)")  # fmt: skip
+    parser.add_argument("--out", type=Path, default=RESULTS / "simulation_check.jsonl")
+    return parser.parse_args(argv)
+
+
+def run_key(args) -> str:
+    """What a real run's result depends on: the table, the file and the seeds' base."""
+    return f"{digest(args.table)}/{digest(args.space)}/{args.train_seed}"
+
+
+def done_runs(args) -> list[dict]:
+    if not args.out.exists():
+        return []
+    rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["key"] == run_key(args)]
+
+
+def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> None:
+    """Each real run beside the replays' band, figure by figure."""
+    header = ["", "regret (points)", "normalised", "trial-steps / grid", "wall / grid"]
+    figures = ["regret", "normalised", "steps", "wall"]
+    replayed = {f: [getattr(s, f) for s in sim.scores] for f in figures}
+    rows = []
+    for f_label, quantiles in (("replays: median", [50]), ("replays: 5th-95th", list(BAND))):
+        rows.append([f_label] + [
+            "-".join(f"{np.percentile(replayed[f], q):.2f}" for q in quantiles) for f in figures
+        ])  # fmt: skip
+    for run in sorted(runs, key=lambda r: r["k"]):
+        cells = []
+        for f in figures:
+            at = percentile_of(run[f], replayed[f])
+            lo, hi = np.percentile(replayed[f], BAND)
+            inside = "in" if lo <= run[f] <= hi else "OUT"
+            cells.append(f"{run[f]:.2f} (p{at:.0f}, {inside})")
+        label = f"real run {run['k']} (seeds {run['sampler_seed']}/{run['train_seed']})"
+        rows.append([label, *cells])
+    print(
+        f"\n{args.space.name} on {args.table.name}: {len(sim.scores)} replays, {len(runs)} real "
+        f"runs; grid {grid_steps} trial-steps, simulated wall {grid_wall / 60:.1f} min"
+    )
+    print_table(header, rows)
+    for run in sorted(runs, key=lambda r: r["k"]):
+        print(f"real run {run['k']}: chose {run['chosen']}; {run['trials']} trials, "
+              f"{run['stopped']} stopped; search {run['search_wall_s'] / 60:.1f} min "
+              f"(trials {run['trials_wall_s'] / 60:.1f} min); val {run['best_val']:.4f}, "
+              f"test {run['test']:.4f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""benchmarks.simulation_check's real runs: the experiment it runs is the one ``raypeft
+simulate`` replays, with the real run's own seeds (none the table recorded), and a real run
+is placed among the replays figure by figure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from benchmarks import replay_study, simulation_check
+from raypeft.search.simulate import CurveTable, replay_config, simulate
+
+
+def test_a_real_run_is_the_replayed_search_at_unrecorded_seeds(dept_table_file, tmp_path):
+    table = CurveTable.load(dept_table_file)
+    search = replay_study.search_with({})
+    overrides = ["task.max_test_examples=8"]
+    cfg = simulation_check.real_config(search, table, 2, 100, overrides, tmp_path)
+    replayed = replay_config(search, table, table.concurrency())
+    assert cfg.space == replayed.space and cfg.train.max_steps == replayed.train.max_steps
+    assert cfg.search.seed == search.search.seed + 2 and cfg.train.seed == 102
+    assert cfg.train.seed not in table.seeds()
+    assert cfg.search.max_concurrent == 2  # the table's concurrency
+    assert cfg.tracking.uri == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert cfg.task.max_test_examples == 8
+
+
+def test_the_grid_figures_are_the_tables(dept_table_file):
+    table = CurveTable.load(dept_table_file)
+    cfg = replay_config(replay_study.search_with({}), table, 2)
+    steps, wall = simulation_check.grid_figures(cfg, table, replays=3)
+    assert steps == 48 * 160
+    # 48 trials of 80 s (the synthetic curves' last wall time), two at a time
+    assert wall == 48 * 80 / 2
+
+
+def test_a_real_run_is_placed_among_the_replays(dept_table_file, capsys):
+    table = CurveTable.load(dept_table_file)
+    sim = simulate(replay_study.search_with({}), table, replays=4)
+    steps = sorted(s.steps for s in sim.scores)
+    run = {
+        "k": 0, "sampler_seed": 0, "train_seed": 100, "chosen": sim.scores[0].chosen,
+        "regret": 0.0, "normalised": 0.0, "steps": steps[-1] + 1.0, "wall": 0.5,
+        "trials": 12, "stopped": 9, "search_wall_s": 60.0, "trials_wall_s": 50.0,
+        "best_val": 0.8, "test": 0.79,
+    }  # fmt: skip
+    args = type("Args", (), {"space": Path("dept.yaml"), "table": Path("t.json")})
+    simulation_check.report(sim, [run], args, 48 * 160, 3840.0)
+    out = capsys.readouterr().out
+    assert "| real run 0 (seeds 0/100)" in out
+    assert f"{steps[-1] + 1.0:.2f} (p100, OUT)" in out  # beyond every replay's compute
+    assert simulation_check.percentile_of(2.0, [1.0, 2.0, 3.0, 4.0]) == 50.0
