@@ -14,11 +14,17 @@ Results are appended to ``--out`` (JSON lines) as each setting finishes, so an i
 study continues where it stopped: a setting already there for the same table, replays and
 seed is not replayed again.
 
+``--figures DIR`` also draws, per table, ``raypeft simulate``'s two figures with the settings
+named by ``--figure-setting`` side by side (anytime regret against compute, and each replay's
+compute and regret): ``DIR/<table>-anytime.png`` and ``DIR/<table>-tradeoff.png``.
+
 Usage::
 
     python -m benchmarks.replay_study --table benchmarks/results/table_dept_subj.json
     python -m benchmarks.replay_study --table T1.json --table T2.json --replays 30 \\
         --only tpe-asha-loss --out benchmarks/results/replay_study.jsonl
+    python -m benchmarks.replay_study --table T.json --figures docs/figures \
+        --figure-setting "tpe-asha-loss (shipped)" --figure-setting random-none
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from pathlib import Path
 from benchmarks.common.paths import REPO, RESULTS
 from benchmarks.common.tables import print_table, right_aligned_after
 from raypeft.config.loading import load_experiment
+from raypeft.reporting.replay_figures import draw_anytime, draw_tradeoff
 from raypeft.search.simulate import CurveTable, simulate
 
 BASE = REPO / "search_spaces" / "dept.yaml"
@@ -127,6 +134,22 @@ def print_rows(rows: list[dict]) -> None:
     print_table(header, body, right_aligned_after(1, len(header)))
 
 
+def draw_figures(labels: list[str], table_path: Path, table: CurveTable, replays: int,
+                 seed: int, folder: Path) -> None:  # fmt: skip
+    """``raypeft simulate``'s figures for ``labels`` side by side, named after the table."""
+    sims = [
+        simulate(search_with(SETTINGS[label]), table, replays=replays, seed=seed, label=label)
+        for label in labels
+    ]
+    folder.mkdir(parents=True, exist_ok=True)
+    anytime = draw_anytime({s.name: s.anytime_band() for s in sims}, folder)
+    tradeoff = draw_tradeoff(
+        {s.name: [(r.steps, r.regret) for r in s.scores] for s in sims}, folder
+    )
+    for drawn in (anytime, tradeoff):
+        drawn.replace(folder / f"{table_path.stem}-{drawn.name}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", action="append", type=Path, required=True)
@@ -134,11 +157,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", action="append", help="setting labels (default: all)")
     parser.add_argument("--out", type=Path, default=RESULTS / "replay_study.jsonl")
+    parser.add_argument("--figures", type=Path, help="folder for the comparison figures")
+    parser.add_argument("--figure-setting", action="append", default=[],
+                        help="a setting in the figures (repeatable; default: shipped)")  # fmt: skip
     args = parser.parse_args()
     labels = args.only or list(SETTINGS)
-    unknown = [label for label in labels if label not in SETTINGS]
+    figured = args.figure_setting or [next(iter(SETTINGS))]
+    unknown = [label for label in [*labels, *figured] if label not in SETTINGS]
     if unknown:
-        parser.error(f"--only: unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+        parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
     done = done_keys(args.out)
     for table_path in args.table:
         table = CurveTable.load(table_path)
@@ -157,6 +184,8 @@ def main() -> None:
             for line in args.out.read_text().splitlines()
             if json.loads(line)["table_digest"] == digest(table_path)
         ]
+        if args.figures:
+            draw_figures(figured, table_path, table, args.replays, args.seed, args.figures)
         print(f"\n{table_path} ({args.replays} replays per setting, seed {args.seed}):")
         print_rows([r for r in every if r["setting"] in labels and r["replays"] == args.replays])
 

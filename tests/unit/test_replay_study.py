@@ -41,3 +41,25 @@ def test_an_interrupted_study_skips_what_it_wrote(dept_table_file, tmp_path, mon
         "random-none",
     ]
     assert "| random-none" in capsys.readouterr().out
+
+
+def test_figures_draw_the_named_settings_side_by_side(dept_table_file, tmp_path, monkeypatch):
+    figures = tmp_path / "figures"
+    monkeypatch.setattr(sys, "argv", [
+        "replay_study", "--table", str(dept_table_file), "--replays", "2", "--only", "tpe-none",
+        "--out", str(tmp_path / "study.jsonl"), "--figures", str(figures),
+        "--figure-setting", "tpe-none", "--figure-setting", "random-none",
+    ])  # fmt: skip
+    replay_study.main()
+    drawn = sorted(p.name for p in figures.iterdir())
+    assert drawn == ["table-anytime.png", "table-tradeoff.png"]
+    assert all((figures / name).read_bytes().startswith(b"\x89PNG") for name in drawn)
+
+
+def test_an_unknown_figure_setting_is_refused(dept_table_file, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [
+        "replay_study", "--table", str(dept_table_file), "--figure-setting", "nope",
+    ])  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        replay_study.main()
+    assert exit_.value.code == 2 and "unknown settings ['nope']" in capsys.readouterr().err
