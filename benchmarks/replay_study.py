@@ -57,6 +57,8 @@ SETTINGS: dict[str, dict] = {
     "tpe-asha-loss-n18": {"num_samples": 18},
     "tpe-asha-loss-n24": {"num_samples": 24},
     "tpe-asha-loss-retrain-repeats": {"answer_repeats": False},
+    # at 12 samples the (a1, a2) grid never repeats; at 24 every pair comes twice
+    "tpe-asha-loss-n24-retrain-repeats": {"num_samples": 24, "answer_repeats": False},
     "random-asha-loss": {"sampler": "random"},
     "random-none": {"sampler": "random", "scheduler": {"type": "none"}},
     "gp-asha-loss": {"sampler": "gp"},
