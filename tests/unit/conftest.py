@@ -1,4 +1,5 @@
-"""Fixtures of the unit tests that replay searches."""
+"""Fixtures of the unit tests that replay searches. Imports are inside them: this file is
+loaded by every unit test's collection, and the replay pulls in Ray Tune and Optuna."""
 
 from __future__ import annotations
 
@@ -6,17 +7,14 @@ import dataclasses
 
 import pytest
 
-from benchmarks import replay_study
-from raypeft.config.loading import validate_experiment
-from raypeft.methods import BackboneDims
-from raypeft.search.simulate import CurveTable
-from raypeft.search.simulate.table import Curve
-
 LR_PROMPT, LR_LOWRANK, LENGTHS = [0.3, 0.4, 0.5], [1e-4, 5e-4, 1e-3, 5e-3], [20, 40, 60, 80]
 STEPS = [40, 80, 120, 160]  # the shipped dept.yaml's evaluations
 
 
-def curve(a1: float, a2: float, m: int, seed: int) -> Curve:
+def curve(a1: float, a2: float, m: int, seed: int):
+    """A synthetic curve: best near α1 0.4, α2 1e-3, m 40; seeds shift it slightly."""
+    from raypeft.search.simulate.table import Curve
+
     top = 0.8 - abs(a1 - 0.4) - 10 * abs(a2 - 1e-3) - 0.001 * abs(m - 40) + 0.003 * seed
     accuracy = [0.4 + (top - 0.4) * s / 160 for s in STEPS]
     return Curve(
@@ -33,6 +31,11 @@ def dept_table_file(tmp_path):
     """A synthetic learning-curve table over the shipped DePT search's space (its 48
     configurations, seeds 0 and 1, the shipped evaluations), saved as ``raypeft table`` saves
     one; recorded two at a time."""
+    from benchmarks import replay_study
+    from raypeft.config.loading import validate_experiment
+    from raypeft.methods import BackboneDims
+    from raypeft.search.simulate import CurveTable
+
     space = {
         "method.lr_prompt": {"grid": LR_PROMPT},
         "method.lr_lowrank": {"grid": LR_LOWRANK},
