@@ -138,10 +138,13 @@ def _snippet(
 
 
 def _tokenize_line(cfg: ExperimentConfig, pairs: str) -> str:
-    """The snippet's tokenizer call: padded and cut as the model was trained."""
+    """The snippet's tokenizer call: padded and cut as the model was trained, returning torch
+    tensors (transformers' own name for them)."""
+    from transformers.utils import TensorType  # why: the card is written after training
+
     return (
         f"inputs = tokenizer(texts{pairs}, padding='max_length', truncation=True, "
-        f"max_length={cfg.model.max_length}, return_tensors='pt')"  # torch tensors
+        f"max_length={cfg.model.max_length}, return_tensors={TensorType.PYTORCH.value!r})"
     )
 
 
