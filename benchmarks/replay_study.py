@@ -30,12 +30,11 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import time
 from pathlib import Path
 
-from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.paths import REPO, RESULTS, digest
 from benchmarks.common.tables import print_table, right_aligned_after
 from raypeft.config.loading import load_experiment
 from raypeft.reporting.replay_figures import draw_anytime, draw_tradeoff
@@ -64,10 +63,6 @@ SETTINGS: dict[str, dict] = {
     "gp-asha-loss": {"sampler": "gp"},
     "gp-none": {"sampler": "gp", "scheduler": {"type": "none"}},
 }
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
 def search_with(overrides: dict):
@@ -170,22 +165,17 @@ def main() -> None:
         parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
     done = done_keys(args.out)
     for table_path in args.table:
-        table = CurveTable.load(table_path)
-        rows = []
+        table, table_digest = CurveTable.load(table_path), digest(table_path)
         for label in labels:
-            key = (digest(table_path), label, args.replays, args.seed)
+            key = (table_digest, label, args.replays, args.seed)
             if key in done:
                 continue
             row = study_row(label, table_path, table, args.replays, args.seed)
             with args.out.open("a") as out:
                 out.write(json.dumps(row) + "\n")
-            rows.append(row)
             print(f"{table_path.name}: {label}: {row['seconds']} s", flush=True)
-        every = [
-            json.loads(line)
-            for line in args.out.read_text().splitlines()
-            if json.loads(line)["table_digest"] == digest(table_path)
-        ]
+        rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
+        every = [r for r in rows if r["table_digest"] == table_digest]
         if args.figures:
             draw_figures(figured, table_path, table, args.replays, args.seed, args.figures)
         print(f"\n{table_path} ({args.replays} replays per setting, seed {args.seed}):")

@@ -28,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import statistics
@@ -38,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import optuna
 
-from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.paths import REPO, RESULTS, digest
 from benchmarks.common.searches import quiet_and_local, timed_search
 from benchmarks.common.tables import print_table
 from raypeft.config.dotted import set_dotted
@@ -51,10 +50,6 @@ from raypeft.search.simulate.scores import Quality
 from raypeft.search.simulate.table import CurveTable
 
 BAND = (5, 95)  # a real run "agrees" when it lies inside this percentile band of the replays
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def real_config(search, table: CurveTable, k: int, train_seed: int, overrides: list[str],
