@@ -184,9 +184,14 @@ def pruner_settings(cfg) -> dict[str, int]:
     """ASHA's schedule in Optuna's terms: the first rung after ``grace_period`` evaluations
     (in steps: the Trainer reports by step), keeping 1/``reduction_factor``."""
     sched = cfg.search.scheduler
+    factor = sched.reduction_factor
+    if not float(factor).is_integer():  # Ray's ASHA takes 2.5; Optuna indexes rungs with it
+        raise SystemExit(
+            f"search.scheduler.reduction_factor: the peer's pruner takes an integer, not {factor}"
+        )
     return {
         "min_resource": sched.grace_period * cfg.train.eval_every,
-        "reduction_factor": sched.reduction_factor,
+        "reduction_factor": int(factor),  # the schema's float (3.0) breaks Optuna's indexing
     }
 
 

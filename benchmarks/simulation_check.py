@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
-import statistics
 import tempfile
 from pathlib import Path
 
@@ -43,9 +41,8 @@ from benchmarks.common.tables import print_table
 from raypeft.config.dotted import set_dotted
 from raypeft.config.loading import load_experiment, parse_override, validate_experiment
 from raypeft.config.space import configuration_key
-from raypeft.search.simulate.plan import configurations_of, fixed_values, replay_config
-from raypeft.search.simulate.replay import draw_seeds, replay_search
-from raypeft.search.simulate.runs import full_grid, simulate
+from raypeft.search.simulate.plan import fixed_values, replay_config
+from raypeft.search.simulate.runs import simulate
 from raypeft.search.simulate.scores import Quality
 from raypeft.search.simulate.table import CurveTable
 
@@ -102,18 +99,6 @@ def real_run(cfg, table: CurveTable, quality: Quality, grid_steps: int, grid_wal
     }
 
 
-def grid_figures(cfg, table: CurveTable, replays: int) -> tuple[int, float]:
-    """The full grid's trial-steps, and its simulated wall time (median over seed draws)."""
-    grid = full_grid(cfg)
-    keys = configurations_of(grid, table)
-    by_key = table.by_configuration()
-    steps = sum(by_key[key][0].steps[-1] for key in keys)
-    concurrency = cfg.search.max_concurrent
-    draws = [draw_seeds(table, random.Random(f"0/{i}")) for i in range(replays)]
-    walls = [replay_search(grid, table, d, concurrency).wall_s for d in draws]
-    return steps, statistics.median(walls)
-
-
 def percentile_of(value: float, values: list[float]) -> float:
     """Where ``value`` falls among ``values``: the percentage of them at or below it."""
     return 100.0 * sum(v <= value for v in values) / len(values)
@@ -125,10 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per study otherwise
     table = CurveTable.load(args.table)
     search = load_experiment(args.space)
-    replayed = replay_config(search, table, table.concurrency())
-    quality = Quality.of(table, configurations_of(full_grid(replayed), table))
-    grid_steps, grid_wall = grid_figures(replayed, table, args.replays)
-    sim = simulate(search, table, replays=args.replays)
+    sim = simulate(search, table, replays=args.replays, concurrency=table.concurrency())
+    grid_steps, grid_wall = sim.grid_figures()  # each real run is scored against these
     runs = done_runs(args)
     for k in range(args.runs):
         if any(r["k"] == k for r in runs):
@@ -138,7 +121,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"real run {k}: sampler seed {cfg.search.seed}, train.seed {cfg.train.seed}",
                   flush=True)  # fmt: skip
             row = {"key": run_key(args), "k": k}
-            row |= real_run(cfg, table, quality, grid_steps, grid_wall, Path(tmp))
+            row |= real_run(cfg, table, sim.quality, grid_steps, grid_wall, Path(tmp))
         with args.out.open("a") as out:
             out.write(json.dumps(row) + "\n")
         runs.append(row)

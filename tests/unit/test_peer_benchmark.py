@@ -26,12 +26,30 @@ def test_the_peer_samples_pt_yaml_s_space_under_its_own_names():
 
 def test_the_peer_prunes_on_the_search_file_s_asha_schedule():
     cfg = load_experiment(PT)
-    assert isinstance(peer_search.peer_pruner(cfg), optuna.pruners.SuccessiveHalvingPruner)
     sched = cfg.search.scheduler
     assert peer_search.pruner_settings(cfg) == {
         "min_resource": sched.grace_period * cfg.train.eval_every,  # pt.yaml: 1 x 40 steps
-        "reduction_factor": sched.reduction_factor,
+        "reduction_factor": 3,
     }
+    # The pruner asked as the Trainer asks it: a report at the first rung, then should_prune.
+    # With the schema's float factor Optuna's rung indexing raised TypeError here.
+    study = optuna.create_study(direction="maximize", pruner=peer_search.peer_pruner(cfg))
+    pruned = []
+    for accuracy in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4):
+        trial = study.ask()
+        trial.report(accuracy, step=cfg.train.eval_every)
+        pruned.append(trial.should_prune())
+        study.tell(trial, accuracy)
+    assert pruned[0] is False and pruned[-1] is True  # the worst is stopped at the first rung
+
+
+def test_a_fractional_reduction_factor_is_refused_by_name():
+    import pytest
+
+    cfg = load_experiment(PT)
+    cfg.search.scheduler.reduction_factor = 2.5
+    with pytest.raises(SystemExit, match="search.scheduler.reduction_factor"):
+        peer_search.pruner_settings(cfg)
 
 
 def test_unknown_variants_are_refused():

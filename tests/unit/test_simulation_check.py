@@ -26,8 +26,8 @@ def test_a_real_run_is_the_replayed_search_at_unrecorded_seeds(dept_table_file, 
 
 def test_the_grid_figures_are_the_tables(dept_table_file):
     table = CurveTable.load(dept_table_file)
-    cfg = replay_config(replay_study.search_with({}), table, 2)
-    steps, wall = simulation_check.grid_figures(cfg, table, replays=3)
+    sim = simulate(replay_study.search_with({}), table, replays=3, concurrency=2)
+    steps, wall = sim.grid_figures()
     assert steps == 48 * 160
     # 48 trials of 80 s (the synthetic curves' last wall time), two at a time
     assert wall == 48 * 80 / 2

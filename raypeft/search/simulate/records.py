@@ -31,6 +31,7 @@ LABELS = {
 
 def summary(sim: Simulation) -> dict[str, Any]:
     """The simulation in numbers: per figure median, IQM, their 95% intervals, quartiles."""
+    grid_steps, grid_wall_s = sim.grid_figures()
     return {
         "search": sim.name,
         "replays": len(sim.scores),
@@ -42,6 +43,8 @@ def summary(sim: Simulation) -> dict[str, Any]:
         "configurations": len(sim.quality.means),
         "trials_median": statistics.median([s.trials for s in sim.scores]),
         "stopped_median": statistics.median([s.stopped for s in sim.scores]),
+        "grid_trial_steps": grid_steps,
+        "grid_wall_s": grid_wall_s,
     }
 
 

@@ -40,6 +40,8 @@ class ReplayScore:
     wall: float  # simulated wall time, as a fraction of the full grid's
     trials: int
     stopped: int  # trials the scheduler stopped before their end
+    grid_steps: int  # the full grid's trial-steps (the denominator of ``steps``)
+    grid_wall_s: float  # the full grid's simulated wall time on this replay's seed draws
     curve: list[tuple[float, float]]  # anytime: (compute fraction, regret) after each trial
 
 
@@ -71,6 +73,12 @@ class Simulation:
             for key, q in (("median", 50), ("q25", 25), ("q75", 75)):
                 band[key].append(float(np.percentile(done, q)) if enough else math.nan)
         return band
+
+    def grid_figures(self) -> tuple[int, float]:
+        """The full grid's trial-steps and its simulated wall time (the median over the
+        replays' seed draws): the denominators of every ``steps`` and ``wall``."""
+        walls = [s.grid_wall_s for s in self.scores]
+        return self.scores[0].grid_steps, float(np.median(walls))
 
     def goal(self) -> dict[str, object]:
         """The issue's goal, measured: median regret within the tolerance, median compute
@@ -105,9 +113,7 @@ def simulate(
     simulation = Simulation(label or search.name, cfg, quality, concurrency)
     for i in range(replays):
         draws = draw_seeds(table, random.Random(f"{seed}/{i}"))
-        cfg_i = cfg.model_copy(
-            update={"search": cfg.search.model_copy(update={"seed": cfg.search.seed + i})}
-        )
+        cfg_i = with_sampler_seed(cfg, cfg.search.seed + i)
         replay = replay_search(cfg_i, table, draws, concurrency)
         reference = replay_search(grid, table, draws, concurrency)
         simulation.scores.append(score(i, cfg_i, table, quality, replay, reference))
@@ -134,6 +140,8 @@ def score(
         wall=replay.wall_s / grid.wall_s,
         trials=len(replay.trials),
         stopped=stopped,
+        grid_steps=grid.trial_steps(),
+        grid_wall_s=grid.wall_s,
         curve=anytime(replay.trials, replay.choose, regret_of, grid.trial_steps()),
     )
 
