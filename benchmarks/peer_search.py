@@ -24,9 +24,11 @@ variants do):
 - the best trial's hyperparameters are trained again to get a model (``hyperparameter_search``
   returns hyperparameters, not a model): that run counts in the peer's total.
 
-Variants (``--variants``): ``raypeft``, ``peer``, ``raypeft-first-head`` (raypeft with the
-peer's head: position 0), ``peer-two-rates`` (the peer with the head at raypeft's
-``head_lr``: a Trainer whose ``create_optimizer`` gives the head its own rate).
+Variants (``--variants``), one per default above, each isolating it: ``raypeft``, ``peer``,
+``raypeft-first-head`` (raypeft with the peer's head: position 0), ``peer-two-rates`` (the peer
+with the head at raypeft's ``head_lr``: a Trainer whose ``create_optimizer`` gives the head its
+own rate), ``raypeft-fp32`` (raypeft in the peer's precision) and ``peer-bf16`` (the peer with
+``TrainingArguments(bf16=True)``: CPU autocast, as raypeft's ``auto`` does here).
 
 Usage::
 
@@ -49,7 +51,12 @@ from benchmarks.common.paths import REPO
 from benchmarks.common.searches import experiment_in, quiet_and_local, timed_search
 from benchmarks.common.tables import print_table
 
-VARIANTS = ("raypeft", "peer", "raypeft-first-head", "peer-two-rates")
+VARIANTS = ("raypeft", "peer", "raypeft-first-head", "peer-two-rates", "raypeft-fp32", "peer-bf16")
+RAYPEFT_SETS = {  # what each raypeft variant changes, in the experiment file's terms
+    "raypeft": [],
+    "raypeft-first-head": ["model.head_pooling=first"],
+    "raypeft-fp32": ["train.precision=fp32"],
+}
 INIT = {"vocab": "SAMPLE_VOCAB", "normal": "RANDOM", "text": "TEXT"}  # raypeft -> peft
 
 
@@ -100,9 +107,8 @@ def parse_args(argv):
 
 
 def run_raypeft(name: str, args, folder: Path) -> Outcome:
-    """``raypeft tune`` on the experiment file (``raypeft-first-head``: with the peer's head)."""
-    extra = ["model.head_pooling=first"] if name.endswith("first-head") else []
-    cfg = experiment_in(args.space, name, [*args.set, *extra], folder)
+    """``raypeft tune`` on the experiment file, with the variant's changes."""
+    cfg = experiment_in(args.space, name, [*args.set, *RAYPEFT_SETS[name]], folder)
     summary, wall = timed_search(cfg, folder)
     return raypeft_outcome(name, summary, wall)
 
@@ -144,7 +150,8 @@ def run_peer(name: str, args, folder: Path) -> Outcome:
     data = peer_data(cfg)
     storage = f"sqlite:///{folder / 'optuna.db'}"
     start = time.perf_counter()
-    trainer = peer_trainer(cfg, data, folder, two_rates=name.endswith("two-rates"))
+    two_rates, bf16 = name == "peer-two-rates", name == "peer-bf16"
+    trainer = peer_trainer(cfg, data, folder, two_rates, bf16)
     best = trainer.hyperparameter_search(
         hp_space=lambda trial: peer_space(cfg, trial),
         compute_objective=lambda metrics: metrics["eval_accuracy"],
@@ -157,7 +164,7 @@ def run_peer(name: str, args, folder: Path) -> Outcome:
         study_name=name,
     )
     search_s = time.perf_counter() - start
-    test = final_run(cfg, data, folder, best.hyperparameters, name.endswith("two-rates"))
+    test = final_run(cfg, data, folder, best.hyperparameters, two_rates, bf16)
     wall = time.perf_counter() - start
     return peer_outcome(name, storage, wall, search_s, test, best.hyperparameters)
 
@@ -226,7 +233,8 @@ def peer_model(cfg, num_labels: int, params: dict):
     return get_peft_model(base, prompt)
 
 
-def training_arguments(cfg, folder: Path):
+def training_arguments(cfg, folder: Path, bf16: bool = False):
+    """The Trainer's arguments for pt.yaml's training (``bf16``: the CPU's autocast)."""
     from transformers import TrainingArguments
 
     train = cfg.train
@@ -245,11 +253,12 @@ def training_arguments(cfg, folder: Path):
         report_to=[],
         seed=train.seed,
         use_cpu=True,
+        bf16=bf16,
         disable_tqdm=True,
     )
 
 
-def peer_trainer(cfg, data, folder: Path, two_rates: bool):
+def peer_trainer(cfg, data, folder: Path, two_rates: bool, bf16: bool):
     """The Trainer a Hugging Face user writes for the search (``model_init`` per trial)."""
     trainer_class = two_rate_trainer(cfg.train.head_lr) if two_rates else None
     from transformers import PrinterCallback, Trainer
@@ -257,7 +266,7 @@ def peer_trainer(cfg, data, folder: Path, two_rates: bool):
     num_labels = data["num_labels"]
     trainer = (trainer_class or Trainer)(
         model_init=lambda trial: peer_model(cfg, num_labels, trial.params if trial else {}),
-        args=training_arguments(cfg, folder),
+        args=training_arguments(cfg, folder, bf16),
         train_dataset=data["train"],
         eval_dataset=data["validation"],
         compute_metrics=accuracy,
@@ -294,11 +303,11 @@ def accuracy(prediction) -> dict:
     return {"accuracy": float((predicted == prediction.label_ids).mean())}
 
 
-def final_run(cfg, data, folder: Path, params: dict, two_rates: bool) -> float:
+def final_run(cfg, data, folder: Path, params: dict, two_rates: bool, bf16: bool) -> float:
     """The best trial's hyperparameters trained again; its test accuracy."""
     from transformers import PrinterCallback, Trainer
 
-    args = training_arguments(cfg, folder)
+    args = training_arguments(cfg, folder, bf16)
     args.learning_rate = params["learning_rate"]
     trainer = (two_rate_trainer(cfg.train.head_lr) if two_rates else Trainer)(
         model=peer_model(cfg, data["num_labels"], params),
