@@ -194,6 +194,8 @@ def test_simulate_end_to_end_writes_summary_figures_and_an_mlflow_run(table, tmp
     assert len(rows) == 1 + 6
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["replays"] == 6 and set(summary["figures"]) >= {"regret", "steps"}
+    assert summary["grid_trial_steps"] == len(LRS) * STEPS[-1]  # the fractions' denominator
+    assert summary["grid_wall_s"] > 0
     assert (tmp_path / "out" / "anytime.png").stat().st_size > 0
     from mlflow.tracking import MlflowClient
 
