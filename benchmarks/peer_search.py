@@ -51,12 +51,17 @@ from benchmarks.common.paths import REPO
 from benchmarks.common.searches import experiment_in, quiet_and_local, timed_search
 from benchmarks.common.tables import print_table
 
-VARIANTS = ("raypeft", "peer", "raypeft-first-head", "peer-two-rates", "raypeft-fp32", "peer-bf16")
 RAYPEFT_SETS = {  # what each raypeft variant changes, in the experiment file's terms
     "raypeft": [],
     "raypeft-first-head": ["model.head_pooling=first"],
     "raypeft-fp32": ["train.precision=fp32"],
 }
+PEER_OPTIONS = {  # what each peer variant changes: the head's own rate, CPU bf16
+    "peer": {"two_rates": False, "bf16": False},
+    "peer-two-rates": {"two_rates": True, "bf16": False},
+    "peer-bf16": {"two_rates": False, "bf16": True},
+}
+VARIANTS = (*RAYPEFT_SETS, *PEER_OPTIONS)
 INIT = {"vocab": "SAMPLE_VOCAB", "normal": "RANDOM", "text": "TEXT"}  # raypeft -> peft
 
 
@@ -150,8 +155,8 @@ def run_peer(name: str, args, folder: Path) -> Outcome:
     data = peer_data(cfg)
     storage = f"sqlite:///{folder / 'optuna.db'}"
     start = time.perf_counter()
-    two_rates, bf16 = name == "peer-two-rates", name == "peer-bf16"
-    trainer = peer_trainer(cfg, data, folder, two_rates, bf16)
+    options = PEER_OPTIONS[name]
+    trainer = peer_trainer(cfg, data, folder, **options)
     best = trainer.hyperparameter_search(
         hp_space=lambda trial: peer_space(cfg, trial),
         compute_objective=lambda metrics: metrics["eval_accuracy"],
@@ -164,7 +169,7 @@ def run_peer(name: str, args, folder: Path) -> Outcome:
         study_name=name,
     )
     search_s = time.perf_counter() - start
-    test = final_run(cfg, data, folder, best.hyperparameters, two_rates, bf16)
+    test = final_run(cfg, data, folder, best.hyperparameters, **options)
     wall = time.perf_counter() - start
     return peer_outcome(name, storage, wall, search_s, test, best.hyperparameters)
 
@@ -260,11 +265,10 @@ def training_arguments(cfg, folder: Path, bf16: bool = False):
 
 def peer_trainer(cfg, data, folder: Path, two_rates: bool, bf16: bool):
     """The Trainer a Hugging Face user writes for the search (``model_init`` per trial)."""
-    trainer_class = two_rate_trainer(cfg.train.head_lr) if two_rates else None
-    from transformers import PrinterCallback, Trainer
+    from transformers import PrinterCallback
 
     num_labels = data["num_labels"]
-    trainer = (trainer_class or Trainer)(
+    trainer = trainer_class(cfg, two_rates)(
         model_init=lambda trial: peer_model(cfg, num_labels, trial.params if trial else {}),
         args=training_arguments(cfg, folder, bf16),
         train_dataset=data["train"],
@@ -273,6 +277,13 @@ def peer_trainer(cfg, data, folder: Path, two_rates: bool, bf16: bool):
     )
     trainer.remove_callback(PrinterCallback)  # a dict per evaluation would drown the table
     return trainer
+
+
+def trainer_class(cfg, two_rates: bool):
+    """The Trainer itself, or (``two_rates``) one giving the head ``train.head_lr``."""
+    from transformers import Trainer
+
+    return two_rate_trainer(cfg.train.head_lr) if two_rates else Trainer
 
 
 def two_rate_trainer(head_lr: float):
@@ -305,11 +316,11 @@ def accuracy(prediction) -> dict:
 
 def final_run(cfg, data, folder: Path, params: dict, two_rates: bool, bf16: bool) -> float:
     """The best trial's hyperparameters trained again; its test accuracy."""
-    from transformers import PrinterCallback, Trainer
+    from transformers import PrinterCallback
 
     args = training_arguments(cfg, folder, bf16)
     args.learning_rate = params["learning_rate"]
-    trainer = (two_rate_trainer(cfg.train.head_lr) if two_rates else Trainer)(
+    trainer = trainer_class(cfg, two_rates)(
         model=peer_model(cfg, data["num_labels"], params),
         args=args,
         train_dataset=data["train"],
