@@ -29,10 +29,11 @@ _DTYPES: dict[str, torch.dtype] = {
     "fp16": torch.float16,
 }
 
-# /proc/cpuinfo flags of x86 CPUs with bf16 matrix instructions (Cooper Lake and later, AMX
-# since Sapphire Rapids; AMD Zen 4+ report avx512_bf16): without them bf16 is emulated, slower
-# than fp32.
-_BF16_CPU_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# The /proc/cpuinfo flag of x86 CPUs with bf16 tile instructions (AMX, Sapphire Rapids and
+# later). AVX512-BF16 alone is not enough: on this project's 2-core AVX512-BF16 machine (no AMX)
+# a MiniLM step under bf16 autocast took 0.71-0.76x fp32's time on 2026-11-23 and 1.33-1.46x
+# on 2026-11-26, same torch and flags, so auto cannot count on it; bf16 stays one setting away.
+_BF16_CPU_FLAGS = frozenset({"amx_bf16"})
 
 
 def resolve_precision(
@@ -69,8 +70,9 @@ def _unsupported(precision: str, device: torch.device) -> str | None:
 
 
 def fast_bf16(device: torch.device | str) -> bool:
-    """Whether ``device`` has bf16 arithmetic in hardware: a CUDA GPU of compute capability 8
-    or more (Ampere, Hopper...), or a CPU with AVX512-BF16 or AMX."""
+    """Whether ``device`` runs bf16 reliably faster than fp32: a CUDA GPU of compute capability
+    8 or more (Ampere, Hopper...), or a CPU with AMX (AVX512-BF16 alone was measured both
+    faster and slower than fp32 on one machine, so it does not count)."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_capability(device)[0] >= 8

@@ -38,7 +38,8 @@ class PeakMemory:
 
 
 class TrialMeter:
-    """A trial's wall time (from its start) and peak memory (sampled after every step)."""
+    """A trial's wall time (from its start, over every process that ran it) and peak memory
+    (sampled after every step)."""
 
     def __init__(self, device: torch.device, memory: PeakMemory | None = None):
         self.started = time.perf_counter()
@@ -54,11 +55,15 @@ class TrialMeter:
         self, loop: LoopState, val: dict[str, float], model: PromptedModel
     ) -> dict[str, float]:
         """Throughput of training (``loop``) and evaluation (``val``), the method's size (its
-        closed-form count: the task head is left out, as in the papers) and memory."""
+        closed-form count: the task head is left out, as in the papers), memory and the trial's
+        wall time so far, which ``loop`` keeps for its checkpoint: a resumed trial's
+        ``wall_time_s`` goes on from its checkpoint's (the learning-curve tables pace replays
+        by it, :mod:`raypeft.search.simulate.table`)."""
+        loop.wall_time = loop.wall_before + time.perf_counter() - self.started
         return dict(
             train_samples_per_s=loop.seen / loop.train_time,
             eval_samples_per_s=val["samples_per_s"],
             trainable_params=model.method.config.num_params(model.dims),
             peak_memory_mb=self.memory.peak_mb(),
-            wall_time_s=time.perf_counter() - self.started,
+            wall_time_s=loop.wall_time,
         )

@@ -23,7 +23,7 @@ RESUME_DIR = "resume"
 _TENSORS = "state.safetensors"
 _STATE = "state.json"
 # LoopState fields that state.json leaves out
-_NOT_SAVED = ("best_state", "resumed_from", "restarted_because")
+_NOT_SAVED = ("best_state", "resumed_from", "restarted_because", "wall_before")
 
 
 @dataclass
@@ -33,6 +33,9 @@ class LoopState:
     step: int = 0
     seen: int = 0  # training examples over all workers
     train_time: float = 0.0  # seconds spent in training steps (throughput)
+    # the trial's seconds at its last evaluation, over every process that ran it: a resumed
+    # trial's clock goes on from its checkpoint's instead of starting again at 0
+    wall_time: float = 0.0
     best: dict[str, float] = field(default_factory=dict)  # best validation metrics + step
     # trainable tensors at the best evaluation (not serialised with the loop state: they are
     # the checkpoint's top-level trainable.safetensors)
@@ -41,6 +44,9 @@ class LoopState:
     resumed_from: int | None = field(default=None, repr=False)
     # why a restarted trial started over instead of resuming (its checkpoint was unusable)
     restarted_because: str | None = field(default=None, repr=False)
+    # the seconds earlier processes spent on the trial, up to the checkpoint this one resumed
+    # from (not serialised: it is the saved wall_time, read back)
+    wall_before: float = field(default=0.0, repr=False)
 
     def count_step(self, examples: int, seconds: float) -> None:
         """One training step done, on ``examples`` (over all workers) in ``seconds``."""
@@ -120,4 +126,6 @@ def load_resume_state(
         torch.cuda.set_rng_state(tensors["rng.cuda"])
     prefix = "trainable."
     trainable = {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}
-    return trainable, LoopState(**state["loop"])
+    loop = LoopState(**state["loop"])
+    loop.wall_before = loop.wall_time
+    return trainable, loop

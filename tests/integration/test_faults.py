@@ -77,6 +77,10 @@ def test_killed_worker_resumes_from_its_checkpoint(tmp_path, resources):
         assert tags["raypeft.restarts"] == "1"  # Tune's FailureConfig restarted the trial
     # nothing lost, nothing twice: every evaluation exactly once, up to the last step
     assert_each_step_once(client, kid.info.run_id, LONG["max_steps"], LONG["eval_every"])
+    # the trial's clock goes on across the restart instead of starting again at 0
+    history = client.get_metric_history(kid.info.run_id, "wall_time_s")
+    walls = [m.value for m in sorted(history, key=lambda m: m.step)]
+    assert walls == sorted(walls), walls
     assert {f.path for f in client.list_artifacts(kid.info.run_id, "model")} >= {
         "model/trainable.safetensors",
         "model/config.yaml",

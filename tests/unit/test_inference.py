@@ -581,7 +581,7 @@ def test_predict_command_text_jsonl_and_sources(store, trained, tmp_path):
 
 def test_predict_precision_fp32_gives_the_exported_adapters_numbers(store, trained):
     """``--precision fp32`` computes as peft runs the exported adapter; the default is what the
-    model trained in (bf16 on this CPU where it has AVX512-BF16); fp16 cannot run on a CPU."""
+    model trained in (``auto``, resolved again here); fp16 cannot run on a CPU."""
     _, task, folder = trained("tiny-bert", PT)
     texts = task.texts["validation"][:5]
     stdin = "\n".join(texts) + "\n"

@@ -17,7 +17,7 @@ from raypeft.methods import BackboneDims
 from raypeft.search.simulate import CurveTable, replay_config, simulate
 from raypeft.search.simulate.replay import draw_seeds, replay_search
 from raypeft.search.simulate.scores import Quality, Spread, regret_at
-from raypeft.search.simulate.table import Curve
+from raypeft.search.simulate.table import Curve, continuous_clock
 
 DIMS = BackboneDims(hidden_size=32, num_layers=2, vocab_size=100, max_length=16)
 LRS = [0.1, 0.2, 0.3, 0.4]
@@ -163,6 +163,15 @@ def test_quality_is_the_seed_mean_and_regret_is_in_points(table):
     assert quality.regret(worst) == pytest.approx(100 * (0.9 - skill(0.1, 2)))
     assert quality.normalised(quality.best) == 0.0
     assert quality.tolerance(0.5) == (0.5, "0.5 points")
+
+
+def test_a_resumed_trials_restarted_clock_is_read_as_going_on():
+    """Recorded before the clock went on across a resume: a drop is a new process (twice here,
+    as in a SUBJ trial), whose seconds add to where the trial stood; a monotone clock is kept."""
+    assert continuous_clock([35, 70, 33, 82, 132, 185]) == [35, 70, 103, 152, 202, 255]
+    assert continuous_clock([60, 120, 179, 237, 99, 96]) == [60, 120, 179, 237, 336, 432]
+    assert continuous_clock([10.0, 20.5, 31.0]) == [10.0, 20.5, 31.0]
+    assert continuous_clock([]) == []
 
 
 def test_spread_and_anytime_helpers():

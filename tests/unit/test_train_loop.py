@@ -358,7 +358,8 @@ def killed_after_step_20(cfg, task, root) -> Recorder:
 
 def test_resumed_trial_continues_exactly_where_it_stopped(tmp_path, task):
     """Killed after its 2nd evaluation and restarted from that checkpoint, a trial reports
-    exactly what an uninterrupted one reports, and ends with the same tensors."""
+    exactly what an uninterrupted one reports, ends with the same tensors, and its wall time
+    goes on from where it stopped."""
     cfg = experiment(
         DePTConfig(prompt_length=4, budget_prompt_length=10, lr_prompt=0.05, lr_lowrank=0.01),
         max_steps=50,
@@ -374,6 +375,9 @@ def test_resumed_trial_continues_exactly_where_it_stopped(tmp_path, task):
     keys = ["train_loss", "val_loss", "val_accuracy", "best_val_accuracy", "best_step", "epoch"]
     resumed = [[m[k] for k in keys] for m, _ in first.calls + second.calls]
     assert resumed == [[m[k] for k in keys] for m, _ in whole.calls]
+    # the trial's clock goes on from its checkpoint's (learning-curve tables pace replays by it)
+    walls = [m["wall_time_s"] for m, _ in first.calls + second.calls]
+    assert walls == sorted(walls) and second.calls[0][0]["wall_time_s"] > walls[1]
     for name in (TRAINABLE_FILE, f"{RESUME_DIR}/state.safetensors"):
         a = load_file(str(whole.checkpoints[-1] / name))
         b = load_file(str(second.checkpoints[-1] / name))

@@ -252,8 +252,23 @@ def _curve(client: MlflowClient, run, params: dict[str, Any], metric: str) -> Cu
         values={
             name: [h[s] for s in steps] for name, h in histories.items() if name != WALL_METRIC
         },
-        wall_s=[histories[WALL_METRIC][s] for s in steps],
+        wall_s=continuous_clock([histories[WALL_METRIC][s] for s in steps]),
     )
+
+
+def continuous_clock(walls: list[float]) -> list[float]:
+    """A trial's seconds at each evaluation over every process that ran it. Until 2026-11-26 a
+    resumed trial's ``wall_time_s`` started again at 0 in its new process (9 of the 144 SUBJ
+    DePT trials, recorded over several sessions): a drop marks such a restart, and the new
+    process's seconds are added to where the trial stood. Trials that never restarted, and
+    those recorded since (their clock goes on from the checkpoint's), are left as they are."""
+    out: list[float] = []
+    offset = 0.0
+    for wall in walls:
+        if out and wall + offset < out[-1]:
+            offset = out[-1]
+        out.append(wall + offset)
+    return out
 
 
 def _by_step(history) -> dict[int, float]:
