@@ -17,8 +17,8 @@ variants do):
 - BERT's head reads position 0 through its pooler: under peft the prompt is prepended, so
   position 0 is a prompt slot; raypeft's head on a mean-pooling sentence encoder (MiniLM)
   reads the mean of the input's own tokens (``model.head_pooling: auto``);
-- fp32 on the CPU (the Trainer's default); raypeft's ``train.precision: auto`` is bf16 where
-  the CPU has it;
+- fp32 on the CPU (the Trainer's default); raypeft's ``train.precision: auto`` is fp32 on a
+  CPU too unless it has AMX (bf16 on a GPU of compute capability 8 or more);
 - trials one at a time, each with every core (``study.optimize`` runs them in turn); raypeft
   runs as many at once as fit, each with one core;
 - the best trial's hyperparameters are trained again to get a model (``hyperparameter_search``
@@ -27,8 +27,9 @@ variants do):
 Variants (``--variants``), one per default above, each isolating it: ``raypeft``, ``peer``,
 ``raypeft-first-head`` (raypeft with the peer's head: position 0), ``peer-two-rates`` (the peer
 with the head at raypeft's ``head_lr``: a Trainer whose ``create_optimizer`` gives the head its
-own rate), ``raypeft-fp32`` (raypeft in the peer's precision) and ``peer-bf16`` (the peer with
-``TrainingArguments(bf16=True)``: CPU autocast, as raypeft's ``auto`` does here).
+own rate), ``raypeft-bf16`` (raypeft with bf16 autocast on the CPU, what ``auto`` chose on an
+AVX512-BF16 CPU until 2026-11-26) and ``peer-bf16`` (the peer with
+``TrainingArguments(bf16=True)``: CPU autocast, as ``raypeft-bf16``).
 
 Usage::
 
@@ -54,7 +55,7 @@ from benchmarks.common.tables import print_table
 RAYPEFT_SETS = {  # what each raypeft variant changes, in the experiment file's terms
     "raypeft": [],
     "raypeft-first-head": ["model.head_pooling=first"],
-    "raypeft-fp32": ["train.precision=fp32"],
+    "raypeft-bf16": ["train.precision=bf16"],
 }
 PEER_OPTIONS = {  # what each peer variant changes: the head's own rate, CPU bf16
     "peer": {"two_rates": False, "bf16": False},
