@@ -4,7 +4,8 @@ Runs a search file (default: the shipped ``search_spaces/dept.yaml``) for real, 
 ``raypeft tune`` does, on a learning-curve table's recording: the very experiment
 ``raypeft simulate`` replays (:func:`raypeft.search.simulate.plan.replay_config`: the table's
 model, task, training length and evaluations; the file's space and search; the table's
-concurrency). Real run *k* uses sampler seed ``search.seed + k`` and trains every trial with
+concurrency), in the precision the recorded trials resolved ``train.precision`` to (``auto``
+depends on the machine and the day). Real run *k* uses sampler seed ``search.seed + k`` and trains every trial with
 ``train.seed`` = ``--train-seed`` + k, a seed the table did not record, so each real run is a
 fresh draw of the noise, not a replay of recorded values.
 
@@ -58,6 +59,8 @@ def real_config(search, table: CurveTable, k: int, train_seed: int, overrides: l
     data["name"] = f"{search.name}-check-{k}"
     data["search"]["seed"] = cfg.search.seed + k
     data["train"]["seed"] = train_seed + k
+    if table.source.get("precision") in ("fp32", "bf16", "fp16"):  # what `auto` was then
+        data["train"]["precision"] = table.source["precision"]
     data["tracking"] = {"uri": f"sqlite:///{folder / 'mlflow.db'}"}
     data["run"] = {**data.get("run", {}), "storage_path": str(folder / "ray_results")}
     for override in overrides:

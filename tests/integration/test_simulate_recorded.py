@@ -13,10 +13,12 @@ from mlflow.tracking import MlflowClient
 
 from raypeft.config.loading import load_experiment
 from raypeft.config.space import configuration_key
+from raypeft.modeling.precision import resolve_precision
 from raypeft.search.simulate import CurveTable, replay_config
 from raypeft.search.simulate.replay import draw_seeds, replay_search
 from raypeft.search.study import CONFIGURATION_ATTR
 from raypeft.tracking.tags import BEST_TRIAL_TAG, CONFIGURATION_TAG, ROLE_TAG
+from raypeft.training.result_keys import PRECISION_PARAM
 from tests.helpers import TINY_SEARCH_BASE, run_cli
 
 EXPERIMENT = "tiny-rec"
@@ -81,9 +83,16 @@ def test_the_table_holds_every_trials_curve_as_mlflow_recorded_it(recorded):
         assert curve.values["val_accuracy"] == [
             m.value for m in sorted(history, key=lambda m: m.step)
         ]
-    assert json.loads((recorded / "table.json").read_text())["source"]["command"].startswith(
-        "raypeft table"
-    )
+    source = json.loads((recorded / "table.json").read_text())["source"]
+    assert source["command"].startswith("raypeft table")
+    # what `auto` resolved to on the recording machine (the trials' own param)
+    assert source["precision"] == resolve_precision("auto", "cpu")
+    assert {run.data.params[PRECISION_PARAM] for run in runs} == {source["precision"]}
+    # the wall time of each evaluation, as the trial logged it
+    for run in runs:
+        curve = table.curve(run.data.tags[CONFIGURATION_TAG], int(run.data.params["train.seed"]))
+        history = client.get_metric_history(run.info.run_id, "wall_time_s")
+        assert curve.wall_s == [m.value for m in sorted(history, key=lambda m: m.step)]
 
 
 def test_replaying_the_recorded_search_reproduces_its_results(recorded):

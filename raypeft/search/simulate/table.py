@@ -38,6 +38,7 @@ from raypeft.search.study import (
 from raypeft.tracking.runs import find_experiment, get_run, latest_parent_run, trial_runs
 from raypeft.tracking.tags import OPTUNA_STUDY_TAG, TRIAL_ID_TAG
 from raypeft.training.evaluation import TargetMetric
+from raypeft.training.result_keys import PRECISION_PARAM
 
 TABLE_FORMAT = "raypeft.curves/1"
 WALL_METRIC = "wall_time_s"  # the trial's seconds since it started, logged at each evaluation
@@ -173,8 +174,19 @@ def read_table(tracking_uri: str, experiment: str, run_id: str | None = None) ->
             "read_on": datetime.date.today().isoformat(),
             "trials_left_out": len(finished) - len(curves),
             "concurrency": most_at_once(list(runs.values())),
+            "precision": resolved_precision(runs[t] for t in finished if t in runs),
         },
     )
+
+
+def resolved_precision(runs) -> str | None:
+    """What the trials' ``train.precision`` resolved to on their devices (``auto`` depends on
+    the machine: a real run meant to repeat the recording sets it), comma-separated if they
+    differed; None for records older than the param."""
+    found = sorted(
+        {r.data.params[PRECISION_PARAM] for r in runs if PRECISION_PARAM in r.data.params}
+    )
+    return ",".join(found) or None
 
 
 def search_config(client: MlflowClient, parent_run_id: str) -> ExperimentConfig:
