@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import ray
 from ray import tune
 from ray.tune import Callback, ResultGrid
@@ -111,6 +112,12 @@ def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
         )
     # asha; hyperband = asynchronous HyperBand: ASHA over several brackets. (Ray's synchronous
     # HyperBandScheduler pauses and resumes trials, which needs resumable optimizer state.)
+    brackets = sched.brackets if sched.type == "hyperband" else 1
+    if brackets > 1:
+        # Ray draws each new trial's bracket from numpy's global RNG, and its advice for
+        # reproducible runs is to seed that in the driver: seeded with search.seed, a search
+        # (and each replay of it, raypeft simulate) puts its trials in the same brackets
+        np.random.seed(cfg.search.seed)
     return ASHAScheduler(
         time_attr="training_iteration",
         metric=metric,
@@ -118,7 +125,7 @@ def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
         max_t=max_t,
         grace_period=grace,
         reduction_factor=sched.reduction_factor,
-        brackets=sched.brackets if sched.type == "hyperband" else 1,
+        brackets=brackets,
     )
 
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import random
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -127,6 +128,24 @@ def test_asha_stops_trials_the_grid_would_run_and_spends_less(table):
     for score in sim.scores:  # each replay's regret is what the table says of its choice
         assert score.regret == pytest.approx(sim.quality.regret(score.chosen))
         assert score.curve[-1][1] == pytest.approx(score.regret)
+
+
+def test_a_hyperband_search_replays_the_same_every_time(table):
+    """Ray's asynchronous HyperBand draws each trial's bracket from numpy's global RNG: the
+    scheduler seeds it with search.seed, so whatever drew from it before, a replay (and a real
+    search) puts its trials in the same brackets."""
+    hyperband = {"type": "hyperband", "grace_period": 1, "reduction_factor": 2, "brackets": 3}
+    cfg = replay_config(search(num_samples=12, seed=3, scheduler=hyperband), table, 2)
+    draws = draw_seeds(table, random.Random(0))
+    runs = []
+    for disturbance in (1, 2, 3):
+        np.random.seed(disturbance)
+        replay = replay_search(cfg, table, draws, concurrency=2)
+        runs.append(
+            [(t.trial_id, t.metrics["step"], t.metrics["val_accuracy"]) for t in replay.trials]
+        )
+    assert runs[0] == runs[1] == runs[2]
+    assert {step for _, step, _ in runs[0]} != {STEPS[-1]}  # some trials were stopped early
 
 
 @pytest.mark.parametrize("sampler", ["random", "gp"])
