@@ -74,7 +74,12 @@ def _write_model_files(
         trainable if trainable is not None else model.trainable_state_dict(),
         str(Path(folder) / TRAINABLE_FILE),
     )
-    resolved = cfg.model_copy(update={"method": cfg.method.resolve(model.dims)})
+    # what it trained as: the method's derived sizes, and the precision `auto` resolved to on
+    # its device (another machine, or this one another day, may resolve `auto` otherwise)
+    trained_as = cfg.train.model_copy(update={"precision": model.precision})
+    resolved = cfg.model_copy(
+        update={"method": cfg.method.resolve(model.dims), "train": trained_as}
+    )
     (folder / CONFIG_FILE).write_text(
         yaml.safe_dump(redact_config(resolved.model_dump(mode="json")), sort_keys=False)
     )
@@ -84,15 +89,16 @@ def _write_model_files(
 
 def load_checkpoint(folder: Path, task: TokenizedTask) -> tuple[ExperimentConfig, PromptedModel]:
     """Rebuild a trained model from a checkpoint folder, on the CPU, in the precision it
-    trained in (fp16 falls back to what ``auto`` picks on the CPU); its files checked against
-    their digests first (DamagedArtefact, one line, when one is missing or damaged)."""
+    trained in (fp16 falls back to what ``auto`` picks on the CPU), in evaluation mode as
+    ``from_pretrained`` returns models; its files checked against their digests first
+    (DamagedArtefact, one line, when one is missing or damaged)."""
     check_digests(folder, (TRAINABLE_FILE, CONFIG_FILE))
     cfg = ExperimentConfig.model_validate(yaml.safe_load((Path(folder) / CONFIG_FILE).read_text()))
     # the precision it trained in, where this machine's CPU can run it (fp16 cannot)
     precision = resolve_precision(cfg.train.precision, "cpu", strict=False)
     model = build_model(cfg, task, precision=precision)
     model.load_trainable(folder)
-    return cfg, model
+    return cfg, model.eval()
 
 
 def write_trial_checkpoint(

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from raypeft.config.loading import validate_experiment
 from raypeft.config.schema import ExperimentConfig, ModelConfig, TrainConfig
@@ -20,6 +23,7 @@ from raypeft.modeling.precision import (
     compute_dtype,
     resolve_precision,
 )
+from raypeft.training.checkpoints import CONFIG_FILE, load_checkpoint
 from raypeft.training.loop import train
 from raypeft.training.optimizer import loss_scaler, optimizer_step
 from raypeft.training.result_keys import PRECISION_KEY
@@ -139,6 +143,27 @@ def test_the_loop_reports_the_precision_it_resolved(precision):
     train(_experiment(precision), _task(), lambda metrics, folder: calls.append(metrics))
     assert [m[PRECISION_KEY] for m in calls] == [precision, precision]
     assert all(np.isfinite(m["train_loss"]) for m in calls)
+
+
+@pytest.mark.parametrize("flags", [("avx512_bf16",), ("amx_tile", "amx_bf16")])
+def test_a_checkpoint_keeps_the_precision_auto_resolved_to(tmp_path, cpu_with, flags):
+    """`auto` is resolved once, where the trial trains; its checkpoint records the result, so
+    a machine (or a day) that would resolve `auto` otherwise evaluates it as it trained."""
+    cpu_with(*flags)
+    trained_in = resolve_precision("auto", "cpu")
+    best = tmp_path / "best"
+
+    def keep(metrics, folder):
+        if folder is not None:
+            shutil.rmtree(best, ignore_errors=True)
+            shutil.copytree(folder, best)
+
+    train(_experiment("auto"), _task(), keep)
+    assert yaml.safe_load((best / CONFIG_FILE).read_text())["train"]["precision"] == trained_in
+    cpu_with("avx512_bf16" if trained_in == "bf16" else "amx_bf16")  # auto now says otherwise
+    cfg, model = load_checkpoint(best, _task())
+    assert cfg.train.precision == model.precision == trained_in
+    assert not model.training  # ready to evaluate, as from_pretrained returns models
 
 
 def test_the_loop_refuses_fp16_on_a_cpu():
