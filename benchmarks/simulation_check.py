@@ -5,9 +5,9 @@ Runs a search file (default: the shipped ``search_spaces/dept.yaml``) for real, 
 ``raypeft simulate`` replays (:func:`raypeft.search.simulate.plan.replay_config`: the table's
 model, task, training length and evaluations; the file's space and search; the table's
 concurrency), in the precision the recorded trials resolved ``train.precision`` to (``auto``
-depends on the machine and the day). Real run *k* uses sampler seed ``search.seed + k`` and trains every trial with
-``train.seed`` = ``--train-seed`` + k, a seed the table did not record, so each real run is a
-fresh draw of the noise, not a replay of recorded values.
+depends on the machine and the day). Real run *k* uses sampler seed ``search.seed + k`` and
+trains every trial with ``train.seed`` = ``--train-seed`` + k, a seed the table did not
+record, so each real run is a fresh draw of the noise, not a replay of recorded values.
 
 Each real run is scored as a replay is, against the same table: its compute (trial-steps,
 and the wall time from its first trial's start to its last trial's end, as fractions of the
