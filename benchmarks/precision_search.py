@@ -1,13 +1,13 @@
-"""fp32 against the precision ``auto`` picks: training steps, and the shipped default search.
+"""fp32 against the low precision: training steps, and the shipped default search.
 
 What it measures
 ----------------
 Part A (steps): a MiniLM training step (batch 16, s=64, frozen backbone; forward, backward,
 gradient clipping, AdamW step and schedule through ``raypeft.training.optimizer.optimizer_step``,
 as the training loop does) for PT (l=40) and DePT (m=40 within PT's l=100 budget), each built by
-``raypeft.modeling.build.build_model`` once in fp32 and once in the low precision ``auto``
-resolves to on this machine (bf16 on a CPU with AVX512-BF16 or AMX, or a GPU of compute
-capability >= 8; where ``auto`` resolves to fp32 Part A compares fp32 with explicit bf16), and
+``raypeft.modeling.build.build_model`` once in fp32 and once in the low precision
+(:func:`low_precision`: what ``auto`` resolves to on this machine where that is not fp32 --
+bf16 on a CPU with AMX or a GPU of compute capability >= 8 -- else explicit bf16), and
 a third time with its frozen weights cast to bf16 as well (the layout used on GPUs; on a CPU
 raypeft keeps them fp32 under autocast, which this column justifies).
 After ``--warmup`` steps each, the timed steps ALTERNATE between fp32 and low precision step
@@ -16,11 +16,11 @@ Reported: the median step time of each and the median of its per-round ratios to
 
 Part B (whole searches): ``search_spaces/dept.yaml`` (the README's main command, ``raypeft
 tune --space search_spaces/dept.yaml``) run through ``raypeft.search.run.run_experiment`` with
-``train.precision=fp32`` and with ``train.precision=auto``, IN ORDER: fp32 first, then auto; with
-``--rounds 2`` the order is fp32, auto, auto, fp32 (ABBA), so a drift of the machine's load
+``train.precision=fp32`` and with the low precision, IN ORDER: fp32 first, then low; with
+``--rounds 2`` the order is fp32, low, low, fp32 (ABBA), so a drift of the machine's load
 over the ~20 minutes hits both alike. Each search starts and shuts down its own local Ray,
 writes MLflow to a sqlite file and Ray to a storage path in a temp dir. Reported per
-precision: wall time (mean over rounds), the ratio auto/fp32, and the best trial's validation
+precision: wall time (mean over rounds), the ratio low/fp32, and the best trial's validation
 and test accuracy (the test split is scored once, for the best configuration). ``--set k=v``
 applies overrides exactly as ``raypeft tune --set`` does: e.g. a tiny run to check it starts:
 
@@ -134,8 +134,7 @@ def part_a(args: argparse.Namespace) -> None:
     from raypeft.modeling.precision import resolve_precision
 
     torch.set_num_threads(args.threads)
-    auto = resolve_precision("auto", "cpu")
-    low = auto if auto != "fp32" else "bf16"
+    auto, low = resolve_precision("auto", "cpu"), low_precision()
     print(
         f"== Part A: MiniLM step, batch 16, s=64, {args.threads} threads; auto resolves to "
         f"{auto} here; fp32 vs {low}, {args.steps} alternating steps after {args.warmup} warm-up",
@@ -187,16 +186,26 @@ def run_search(precision: str, args: argparse.Namespace, tmp: Path, round_no: in
     return out
 
 
+def low_precision() -> str:
+    """The low precision to compare with fp32: what ``auto`` resolves to on this machine's CPU
+    where that is not fp32, else bf16 (``auto`` keeps fp32 on a CPU without AMX)."""
+    from raypeft.modeling.precision import resolve_precision
+
+    auto = resolve_precision("auto", "cpu")
+    return auto if auto != "fp32" else "bf16"
+
+
 def part_b(args: argparse.Namespace) -> None:
     from raypeft.modeling.precision import resolve_precision
 
-    order = ["fp32", "auto"] if args.rounds == 1 else ["fp32", "auto", "auto", "fp32"]
+    low = low_precision()
+    order = ["fp32", low] if args.rounds == 1 else ["fp32", low, low, "fp32"]
     print(
         f"== Part B: {SPACE.relative_to(REPO)} with --set {args.set or '(none)'}; auto resolves "
         f"to {resolve_precision('auto', 'cpu')} here; order {', '.join(order)}",
         flush=True,
     )
-    results: dict[str, list[dict]] = {"fp32": [], "auto": []}
+    results: dict[str, list[dict]] = {"fp32": [], low: []}
     with tempfile.TemporaryDirectory(prefix="raypeft_bench_") as tmpdir:
         for i, precision in enumerate(order):
             results[precision].append(run_search(precision, args, Path(tmpdir), i))
