@@ -432,6 +432,7 @@ def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
         records.trial_records,
         live_table=None if opts.quiet else _live_table(prep, opts),
         resume=records.resuming,
+        say=opts.say,
     )
     opts.say(
         f"Searching: {cfg.search.num_samples} trials, "

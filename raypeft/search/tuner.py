@@ -9,6 +9,7 @@ the one copy of the task in Ray's object store and log through the one MLflow tr
 from __future__ import annotations
 
 import math
+import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,6 +136,30 @@ def experiment_path(cfg: ExperimentConfig, name: str) -> str:
     return f"{storage.rstrip('/')}/{name}" if "://" in storage else str(Path(storage) / name)
 
 
+# Tune's callback state in an experiment's folder: Ray writes it in a staging folder and copies
+# it into the storage path, so a driver killed during the copy leaves it empty or cut short,
+# and Tuner.restore then fails with a traceback (ray-project/ray#58179: the same for tuner.pkl)
+CALLBACK_STATES = "callback-states-*.pkl"
+
+
+def set_aside_damaged_callback_states(path: str) -> list[Path]:
+    """Rename the callback-state files of a local experiment folder that cannot be read (to
+    ``<name>.damaged``), so that resuming goes on without them: raypeft's MLflow callback finds
+    its trials' runs again in the tracking store (``adopt_existing_runs``). Returns them."""
+    folder = Path(path)
+    if "://" in path or not folder.is_dir():
+        return []
+    damaged = []
+    for file in sorted(folder.glob(CALLBACK_STATES)):
+        try:
+            with file.open("rb") as stream:
+                pickle.load(stream)  # cloudpickle's output is a standard pickle stream
+        except Exception:  # empty, truncated or foreign: Tune could not use it either
+            file.rename(file.with_name(f"{file.name}.damaged"))
+            damaged.append(file)
+    return damaged
+
+
 def warn_if_storage_not_shared(cfg: ExperimentConfig, say: Callable[[str], None]) -> None:
     """Trials on other machines write their checkpoints to their own disks when
     ``run.storage_path`` is a local folder; the driver then cannot read them."""
@@ -159,6 +184,7 @@ class TuneRunner:
     trial_records: Callback  # after the tracker: dataset inputs, system metrics, models
     live_table: Callable[[int], Callback] | None  # num_samples -> progress table; None: quiet
     resume: bool  # continue the interrupted experiments instead of starting new ones
+    say: Callable[[str], None] = print  # a line for the user
 
     def callbacks(self, num_samples: int) -> list[Callback]:
         """MLflow logging, and the live table unless quiet."""
@@ -182,6 +208,11 @@ class TuneRunner:
         with open_packs(self.cfg, self.data_ref, self.dims) as packs:
             trainable = self._trainable(packs)
             if self.resume and tune.Tuner.can_restore(path):
+                for damaged in set_aside_damaged_callback_states(path):
+                    self.say(
+                        f"{damaged}: cut short when the search was killed; set aside as "
+                        f"{damaged.name}.damaged (MLflow's runs are found again from the store)"
+                    )
                 tuner = tune.Tuner.restore(
                     path,
                     trainable=trainable,
