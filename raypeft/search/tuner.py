@@ -9,7 +9,7 @@ the one copy of the task in Ray's object store and log through the one MLflow tr
 from __future__ import annotations
 
 import math
-import pickle
+import pickletools
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +142,15 @@ def experiment_path(cfg: ExperimentConfig, name: str) -> str:
 CALLBACK_STATES = "callback-states-*.pkl"
 
 
+def readable_pickle(file: Path) -> None:
+    """Raise ValueError unless ``file`` holds one whole pickle stream. Its opcodes are read,
+    never run (:func:`pickletools.genops`): checking a file must not execute it."""
+    with file.open("rb") as stream:
+        ops = list(pickletools.genops(stream))  # raises on a stream cut short
+    if not ops or ops[-1][0].name != "STOP":
+        raise ValueError(f"{file}: no pickle stream")
+
+
 def set_aside_damaged_callback_states(path: str) -> list[Path]:
     """Rename the callback-state files of a local experiment folder that cannot be read (to
     ``<name>.damaged``), so that resuming goes on without them: raypeft's MLflow callback finds
@@ -152,9 +161,8 @@ def set_aside_damaged_callback_states(path: str) -> list[Path]:
     damaged = []
     for file in sorted(folder.glob(CALLBACK_STATES)):
         try:
-            with file.open("rb") as stream:
-                pickle.load(stream)  # cloudpickle's output is a standard pickle stream
-        except Exception:  # empty, truncated or foreign: Tune could not use it either
+            readable_pickle(file)
+        except ValueError:  # empty, truncated or foreign: Tune could not use it either
             file.rename(file.with_name(f"{file.name}.damaged"))
             damaged.append(file)
     return damaged

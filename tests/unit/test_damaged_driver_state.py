@@ -41,3 +41,25 @@ def test_only_unreadable_callback_states_are_set_aside(tmp_path):
 def test_remote_and_missing_folders_are_left_alone(tmp_path):
     assert set_aside_damaged_callback_states("s3://bucket/experiment") == []
     assert set_aside_damaged_callback_states(str(tmp_path / "none")) == []
+
+
+class Planted:
+    """A pickle that, were it loaded, would create a file."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def __reduce__(self):
+        return (open, (str(self.target), "w"))
+
+
+def test_checking_a_state_file_never_runs_it(tmp_path):
+    import pickle  # noqa: PLC0415 - only to write the planted file; raypeft never imports it
+
+    planted = tmp_path / "callback-states-2026-11-26_17-00-00.pkl"
+    planted.write_bytes(pickle.dumps(Planted(tmp_path / "ran")))
+    foreign = tmp_path / "callback-states-2026-11-26_18-00-00.pkl"
+    foreign.write_text("hello")
+
+    assert set_aside_damaged_callback_states(str(tmp_path)) == [foreign]
+    assert not (tmp_path / "ran").exists()
