@@ -1,0 +1,65 @@
+"""A table recorded in chunks: the rest of its grid, run by raypeft's own search, is exactly
+what no chunk holds; the chunks join into one table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import yaml
+
+from benchmarks.table_chunks import main
+from raypeft.config.loading import validate_experiment
+from raypeft.config.space import SEED_KEY
+from raypeft.search.simulate import CurveTable
+from raypeft.search.study import open_storage, prepare_study, remaining_grid_points
+from tests.unit.test_simulate import table  # noqa: F401 - the 36-curve synthetic table
+
+
+def chunk(whole: CurveTable, keep) -> CurveTable:
+    return dataclasses.replace(whole, curves=[c for c in whole.curves if keep(c)])
+
+
+def test_the_rest_runs_exactly_the_missing_points_and_the_chunks_join(table, tmp_path):  # noqa: F811
+    first = chunk(table, lambda c: (c.seed + c.params["method.prompt_length"]) % 3 == 0)
+    first.save(tmp_path / "a.json")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rest_file = tmp_path / "rest.yaml"
+
+    assert main(["rest", str(tmp_path / "a.json"), "--tracking-uri", uri,
+                 "--out", str(rest_file)]) == 0  # fmt: skip
+    rest = validate_experiment(yaml.safe_load(rest_file.read_text()), str(rest_file))
+    finished = prepare_study(open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"),
+                             rest.name, ["max"])  # fmt: skip
+    to_run = remaining_grid_points(rest.grid_points(), finished)  # what the search enqueues
+    recorded = [{**c.params, SEED_KEY: c.seed} for c in first.curves]
+    expected = [{**c.params, SEED_KEY: c.seed} for c in table.curves if c not in first.curves]
+    assert sorted(map(str, to_run)) == sorted(map(str, expected))
+    assert rest.search.num_samples == len(expected) == 36 - len(recorded)
+    assert rest.search.sampler == "random" and rest.space[SEED_KEY].listed() == [0, 1, 2]
+    # a second `rest` (the session ended again) adds nothing twice
+    assert main(["rest", str(tmp_path / "a.json"), "--tracking-uri", uri,
+                 "--out", str(rest_file)]) == 0  # fmt: skip
+    assert len(prepare_study(open_storage(f"sqlite:///{tmp_path / 'optuna.db'}"), rest.name,
+                             ["max"])) == len(recorded)  # fmt: skip
+
+    second = chunk(table, lambda c: c not in first.curves)
+    second.save(tmp_path / "b.json")
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "all.json")]) == 0  # fmt: skip
+    merged = CurveTable.load(tmp_path / "all.json")
+    assert sorted(map(str, merged.curves)) == sorted(map(str, table.curves))
+    assert [c["trials"] for c in merged.source["chunks"]] == [len(recorded), len(expected)]
+
+
+def test_a_point_recorded_twice_or_another_experiment_is_refused(table, tmp_path, capsys):  # noqa: F811
+    table.save(tmp_path / "a.json")
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "a.json"),
+                 "--out", str(tmp_path / "all.json")]) == 2  # fmt: skip
+    assert "at seed 0 is in an earlier table too" in capsys.readouterr().err
+    other = dataclasses.replace(table, experiment={**table.experiment,
+                                                   "model": {"name": "tiny-gpt2"}})  # fmt: skip
+    other.save(tmp_path / "b.json")
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "all.json")]) == 2  # fmt: skip
+    assert "b.json: not the recording" in capsys.readouterr().err
+    assert not (tmp_path / "all.json").exists()
