@@ -37,7 +37,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import SEED_KEY, configuration_key
 from raypeft.errors import ConfigError
 from raypeft.search.simulate.table import CurveTable
-from raypeft.search.study import CONFIGURATION_ATTR, default_storage, directions, open_storage
+from raypeft.search.study import CONFIGURATION_ATTR, directions, open_storage, study_location
 
 RECORDED_IN_ATTR = "raypeft.recorded_in"  # the partial table an added trial comes from
 # What may differ between chunks of one recording: where and how each chunk's search ran.
@@ -68,9 +68,11 @@ def check_same_recording(tables: list[CurveTable], paths: list[Path]) -> None:
     def what(table: CurveTable) -> dict[str, Any]:
         return {k: v for k, v in table.experiment.items() if k not in PER_CHUNK}
 
+    first = what(tables[0])
     for table, path in zip(tables[1:], paths[1:], strict=True):
-        if what(table) != what(tables[0]):
-            differ = sorted(k for k in what(table) if what(table)[k] != what(tables[0]).get(k))
+        this = what(table)
+        if this != first:
+            differ = sorted(k for k in this if this[k] != first.get(k))
             raise ConfigError(f"{path}: not the recording {paths[0]} is ({', '.join(differ)})")
         if (table.metric, table.mode, table.dims) != (
             tables[0].metric,
@@ -80,17 +82,12 @@ def check_same_recording(tables: list[CurveTable], paths: list[Path]) -> None:
             raise ConfigError(f"{path}: another metric or backbone than {paths[0]}")
 
 
-def first_experiment(tables: list[CurveTable]) -> ExperimentConfig:
-    """The experiment of the recording's first chunk (the one the grid file describes)."""
-    return tables[0].config
-
-
 def add_recorded_trials(
     storage_url: str, study_name: str, tables: list[CurveTable], paths: list[Path]
 ) -> int:
     """Each recorded (configuration, seed) as a finished trial of the study; returns how many
     were added (points the study already holds are not added twice)."""
-    cfg = first_experiment(tables)
+    cfg = tables[0].config
     grid = grid_of(cfg)
     distributions = {k: optuna.distributions.CategoricalDistribution(v) for k, v in grid.items()}
     study = optuna.create_study(
@@ -143,13 +140,13 @@ def rest_experiment(cfg: ExperimentConfig, missing: int) -> dict[str, Any]:
 def rest(paths: list[Path], tracking_uri: str, out: Path) -> None:
     tables = [CurveTable.load(p) for p in paths]
     check_same_recording(tables, paths)
-    cfg = first_experiment(tables)
-    missing = missing_points(grid_of(cfg), recorded_points(tables))
+    cfg = tables[0].config
+    recorded = recorded_points(tables)
+    missing = missing_points(grid_of(cfg), recorded)
     if not missing:
         print("every grid point is recorded: nothing left to run")
         return
-    study_name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
-    storage = cfg.search.storage or default_storage(tracking_uri)
+    storage, study_name = study_location(cfg, tracking_uri)
     added = add_recorded_trials(storage, study_name, tables, paths)
     out.write_text(yaml.safe_dump(rest_experiment(cfg, len(missing)), sort_keys=False))
     print(

@@ -252,6 +252,12 @@ class StudyPlan:
     finished_before: int  # trials of earlier searches of the same study
 
 
+def study_location(cfg: ExperimentConfig, tracking_uri: str) -> tuple[str, str]:
+    """Where a search's persisted Optuna study lives: its storage URL and study name."""
+    url = cfg.search.storage or default_storage(tracking_uri)
+    return url, cfg.search.study_name or cfg.tracking.experiment or cfg.name
+
+
 def plan_study(
     cfg: ExperimentConfig,
     tracking_uri: str,
@@ -260,8 +266,7 @@ def plan_study(
 ) -> StudyPlan:
     """Open (or create) the persisted study, its objectives named (optuna-dashboard's axes and
     ``study.metric_names``); skip grid points an earlier search ran."""
-    url = cfg.search.storage or default_storage(tracking_uri)
-    name = cfg.search.study_name or cfg.tracking.experiment or cfg.name
+    url, name = study_location(cfg, tracking_uri)
     storage = open_storage(url)  # opened once: prepared here, then used by the searcher
     modes = [o.mode for o in objectives]
     finished = prepare_study(storage, name, modes, resuming=resuming)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import pickletools
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,8 +147,8 @@ def readable_pickle(file: Path) -> None:
     """Raise ValueError unless ``file`` holds one whole pickle stream. Its opcodes are read,
     never run (:func:`pickletools.genops`): checking a file must not execute it."""
     with file.open("rb") as stream:
-        ops = list(pickletools.genops(stream))  # raises on a stream cut short
-    if not ops or ops[-1][0].name != "STOP":
+        last = deque(pickletools.genops(stream), maxlen=1)  # raises on a stream cut short
+    if not last or last[0][0].name != "STOP":
         raise ValueError(f"{file}: no pickle stream")
 
 
