@@ -19,7 +19,9 @@ ran with its seeds as a grid key (``train.seed: {grid: ...}``) and a random samp
 enqueues every point of a joint grid that no finished trial of the study ran
 (:func:`raypeft.search.study.remaining_grid_points`), so the search trains exactly the missing
 (configuration, seed) pairs, each once. ``merge`` joins the tables, refusing tables of
-different experiments and a (configuration, seed) recorded twice.
+different experiments and a (configuration, seed) recorded twice (``--keep-first`` keeps the
+first chunk's draw instead: a resumed chunk's sampler can draw a recorded pair once the
+missing ones are done).
 """
 
 from __future__ import annotations
@@ -156,35 +158,53 @@ def rest(paths: list[Path], tracking_uri: str, out: Path) -> None:
     )
 
 
-def merge(paths: list[Path], out: Path) -> None:
+def merge(paths: list[Path], out: Path, keep_first: bool = False) -> None:
+    """Join the chunks' tables into ``out``. A (configuration, seed) in more than one chunk is
+    refused, or with ``keep_first`` kept from the first chunk that holds it: a resumed
+    search's sampler may draw a pair an earlier chunk recorded once the missing ones are done,
+    and a table holds one draw per pair."""
     tables = [CurveTable.load(p) for p in paths]
     check_same_recording(tables, paths)
     seen: set[tuple[str, int]] = set()
+    kept: list[list] = []
     for table, path in zip(tables, paths, strict=True):
+        kept.append([])
         for curve in table.curves:
-            if (curve.configuration, curve.seed) in seen:
+            if (curve.configuration, curve.seed) not in seen:
+                seen.add((curve.configuration, curve.seed))
+                kept[-1].append(curve)
+            elif not keep_first:
                 raise ConfigError(
-                    f"{path}: {curve.configuration} at seed {curve.seed} is in an earlier table too"
+                    f"{path}: {curve.configuration} at seed {curve.seed} is in an earlier table "
+                    "too (--keep-first keeps the earlier one)"
                 )
-            seen.add((curve.configuration, curve.seed))
     first = tables[0]
     merged = CurveTable(
         experiment=first.experiment,
         metric=first.metric,
         mode=first.mode,
         dims=first.dims,
-        curves=[c for t in tables for c in t.curves],
+        curves=[c for chunk in kept for c in chunk],
         source={
             **first.source,
             "concurrency": max(t.concurrency() for t in tables),
             "chunks": [
-                {**t.source, "table": str(p), "trials": len(t.curves)}
-                for t, p in zip(tables, paths, strict=True)
-            ],
+                {
+                    **t.source,
+                    "table": str(p),
+                    "trials": len(chunk),
+                    "left_out_as_repeats": len(t.curves) - len(chunk),
+                }
+                for t, p, chunk in zip(tables, paths, kept, strict=True)
+            ],  # fmt: skip
         },
     )
     merged.save(out)
-    print(f"{len(merged.curves)} curves from {len(tables)} tables -> {out}")
+    repeats = sum(len(t.curves) for t in tables) - len(merged.curves)
+    print(
+        f"{len(merged.curves)} curves from {len(tables)} tables -> {out}"
+        + (f" ({repeats} repeated pairs left out)" if repeats else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,12 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     merge_cmd = commands.add_parser("merge", help="join the chunks' tables into one")
     merge_cmd.add_argument("tables", nargs="+", type=Path)
     merge_cmd.add_argument("--out", required=True, type=Path)
+    merge_cmd.add_argument(
+        "--keep-first",
+        action="store_true",
+        help="keep a pair in several chunks from the first, not refuse it",
+    )
     args = parser.parse_args(argv)
     try:
         if args.command == "rest":
             rest(args.tables, args.tracking_uri, args.out)
         else:
-            merge(args.tables, args.out)
+            merge(args.tables, args.out, keep_first=args.keep_first)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

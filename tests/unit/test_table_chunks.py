@@ -63,3 +63,19 @@ def test_a_point_recorded_twice_or_another_experiment_is_refused(table, tmp_path
                  "--out", str(tmp_path / "all.json")]) == 2  # fmt: skip
     assert "b.json: not the recording" in capsys.readouterr().err
     assert not (tmp_path / "all.json").exists()
+
+
+def test_keep_first_keeps_the_earlier_draw_of_a_repeated_pair(table, tmp_path, capsys):  # noqa: F811
+    """A resumed chunk that drew a recorded pair again: its draw is left out, and counted."""
+    head, tail = table.curves[:3], table.curves[2:]
+    repeat = dataclasses.replace(tail[0], values={k: [v + 1.0 for v in vs]
+                                                  for k, vs in tail[0].values.items()})  # fmt: skip
+    dataclasses.replace(table, curves=head).save(tmp_path / "a.json")
+    dataclasses.replace(table, curves=[repeat, *tail[1:]]).save(tmp_path / "b.json")
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--keep-first",
+                 "--out", str(tmp_path / "all.json")]) == 0  # fmt: skip
+    assert "(1 repeated pairs left out)" in capsys.readouterr().out
+    merged = CurveTable.load(tmp_path / "all.json")
+    assert sorted(map(str, merged.curves)) == sorted(map(str, table.curves))
+    assert [(c["trials"], c["left_out_as_repeats"]) for c in merged.source["chunks"]] == [
+        (3, 0), (len(tail) - 1, 1)]  # fmt: skip
