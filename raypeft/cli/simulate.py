@@ -88,11 +88,12 @@ def summary_table(sims) -> str:
                 _ci(regret.iqm, regret.iqm_ci),
                 f"{regret.q25:.2f}-{regret.q75:.2f}",
                 f"{sim.spread('normalised').median:.2f}",
+                _ci(sim.spread("heldout").median, sim.spread("heldout").median_ci),
             ]
         )
     headers = ["search", "replays", "steps/grid (median, 95% CI)", "steps 25-75%",
                "wall/grid", "regret pts (median)", "regret pts (IQM)", "regret 25-75%",
-               "regret norm."]  # fmt: skip
+               "regret norm.", "regret on unseen seeds"]  # fmt: skip
     return tabulate(rows, headers=headers)
 
 

@@ -14,6 +14,8 @@ from click.testing import CliRunner
 
 from raypeft.cli.main import main
 from raypeft.config.loading import validate_experiment
+from raypeft.config.space import configuration_key
+from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.search.simulate import CurveTable, replay_config, simulate
 from raypeft.search.simulate.replay import draw_seeds, replay_search
@@ -164,6 +166,56 @@ def test_answer_repeats_off_trains_a_proposed_again_configuration_again(table):
     trained = simulate(search(**settings, answer_repeats=False), table, 2)
     assert all(score.trials <= 12 for score in answered.scores)
     assert [score.trials for score in trained.scores] == [20, 20]
+
+
+def test_repeat_best_retrains_the_top_trials_on_other_seeds_and_the_best_mean_wins(table):
+    """One lucky draw leads the search (0.92 at seed 0, mean 0.80) and the best configuration
+    (mean 0.90) drew its worst seed: ``search.repeat_best`` trains the top 4 again on the
+    table's other seeds, to the end, after the search, and chooses by the mean."""
+    finals = {(0.3, 4): [0.80, 0.95, 0.95], (0.2, 4): [0.92, 0.74, 0.74]}
+
+    def noisy(c: Curve) -> Curve:
+        top = finals.get((c.params["method.lr"], c.params["method.prompt_length"]))
+        if top is None:
+            return c
+        accuracy = [0.5 + (top[c.seed] - 0.5) * min(1.0, s / 40) for s in STEPS]
+        return dataclasses.replace(c, values={"val_accuracy": accuracy,
+                                              "val_loss": [1.5 - a for a in accuracy]})  # fmt: skip
+
+    table = dataclasses.replace(table, curves=[noisy(c) for c in table.curves])
+    draws = {c.configuration: c for c in table.curves if c.seed == 0}
+    grid = {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}}
+    plain = search(grid, sampler="grid", num_samples=12, scheduler={"type": "none"})
+    repeated = search(grid, sampler="grid", num_samples=12, scheduler={"type": "none"},
+                      repeat_best={"top_k": 4, "seeds": 2})  # fmt: skip
+    alone = replay_search(replay_config(plain, table, 2), table, draws, 2)
+    replay = replay_search(replay_config(repeated, table, 2), table, draws, 2)
+    assert (alone.chosen.config["method.lr"], alone.chosen.config["method.prompt_length"]) == (
+        0.2, 4)  # fmt: skip
+    assert (replay.chosen.config["method.lr"], replay.chosen.config["method.prompt_length"]) == (
+        0.3, 4)  # fmt: skip
+    repeats = replay.trials[12:]
+    assert len(repeats) == 8 and all(t.ran_to_end for t in repeats)
+    assert replay.trial_steps() == 20 * 60 and replay.wall_s > alone.wall_s
+    for trial in repeats:  # train.seed 43, 44 -> the configuration's seeds 1, 2
+        key = configuration_key({k: trial.config[k] for k in grid})
+        seed = trial.config["train.seed"] - 42
+        assert trial.metrics["best_val_accuracy"] == max(table.curve(key, seed).values[
+            "val_accuracy"])  # fmt: skip
+    sim = simulate(repeated, table, replays=3)
+    assert all(s.curve[-1][1] == pytest.approx(s.regret) for s in sim.scores)
+    # the search saw seed 0 of every configuration, the repeats seeds 1 and 2 of the top 4
+    lucky, best = "method.lr=0.2, method.prompt_length=4", "method.lr=0.3, method.prompt_length=4"
+    assert alone.seen[lucky] == {0} and replay.seen[best] == {0, 1, 2}
+    quality = Quality.of(table)
+    assert quality.heldout_regret(lucky, alone.seen[lucky]) == pytest.approx(100 * (0.9 - 0.74))
+    assert np.isnan(quality.heldout_regret(best, replay.seen[best]))  # every seed was seen
+
+
+def test_repeat_best_needs_as_many_other_recorded_seeds(table):
+    too_many = search(num_samples=4, repeat_best={"top_k": 2, "seeds": 3})
+    with pytest.raises(ConfigError, match=r"repeat_best.seeds: 3 more seeds .* \(at most 2\)"):
+        replay_config(too_many, table, 2)
 
 
 def test_each_replay_draws_one_seed_per_configuration_and_differs(table):

@@ -41,6 +41,7 @@ def replay_config(
     data["search"] = search.search.model_dump(mode="json") | {"max_concurrent": concurrency}
     cfg = validate_experiment(data, "the replayed search")
     _check_recorded(cfg, table)
+    _check_repeat_seeds(cfg, table)
     return cfg
 
 
@@ -89,6 +90,21 @@ def _check_recorded(cfg: ExperimentConfig, table: CurveTable) -> None:
     for key in sorted(configurations_of(cfg, table)):
         if key not in recorded:
             raise ConfigError(f"the table has no curve for {key} (a recording still under way?)")
+
+
+def _check_repeat_seeds(cfg: ExperimentConfig, table: CurveTable) -> None:
+    """``search.repeat_best`` trains a configuration again with other seeds: the replay needs
+    that many recorded seeds besides the one the search draws, for every configuration."""
+    if cfg.search.repeat_best is None:
+        return
+    wanted = cfg.search.repeat_best.seeds + 1
+    groups = table.by_configuration()
+    fewest = min(len(groups[key]) for key in configurations_of(cfg, table))
+    if fewest < wanted:
+        raise ConfigError(
+            f"search.repeat_best.seeds: {wanted - 1} more seeds per configuration, but the "
+            f"table recorded as few as {fewest} seeds of a configuration (at most {fewest - 1})"
+        )
 
 
 def fixed_values(cfg: ExperimentConfig, table: CurveTable) -> dict[str, Any]:

@@ -20,9 +20,10 @@ from raypeft.search.simulate.table import CurveTable
 from raypeft.tracking.callback import log_params
 from raypeft.tracking.tags import ROLE_SIMULATION, ROLE_TAG
 
-FIGURES = ("regret", "normalised", "steps", "wall")  # what each replay is scored by
+FIGURES = ("regret", "heldout", "normalised", "steps", "wall")  # each replay's scores
 LABELS = {
     "regret": "regret (points)",
+    "heldout": "regret on unseen seeds (points)",
     "normalised": "regret (normalised)",
     "steps": "trial-steps / grid",
     "wall": "wall time / grid",

@@ -20,12 +20,18 @@ from typing import Any
 
 import optuna
 from ray.tune.experiment import Trial
-from ray.tune.schedulers import TrialScheduler
-from ray.tune.search import Searcher
+from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+from ray.tune.search import ConcurrencyLimiter, Searcher
 
-from raypeft.config.schema import ExperimentConfig
+from raypeft.config.schema import REPEAT_OF, ExperimentConfig
 from raypeft.config.space import SEED_KEY, configuration_key
-from raypeft.search.objectives import Constraints, resolve_objectives, stops_on_objective
+from raypeft.search.objectives import (
+    Constraints,
+    ResolvedObjective,
+    resolve_objectives,
+    stops_on_objective,
+)
+from raypeft.search.repeats import FixedConfigs, group_repeats, repeat_configs, top_trials
 from raypeft.search.results import TrialResult
 from raypeft.search.simulate.plan import fixed_values
 from raypeft.search.simulate.scores import choose_from
@@ -57,6 +63,7 @@ class Replay:
     chosen: TrialResult | None
     wall_s: float  # simulated seconds from the first trial's start to the last one's end
     choose: Callable[[list[TrialResult]], TrialResult | None]  # how the search chooses
+    seen: dict[str, set[int]] = field(default_factory=dict)  # configuration -> seeds reported
 
     def trial_steps(self) -> int:
         """Training steps summed over the replay's trials (the compute it spent)."""
@@ -95,14 +102,70 @@ def replay_search(
     loop = ReplayLoop(cfg, table, draws, limited, trial_scheduler, concurrency)
     loop.run()
     choose = choose_from(objectives[0], constraints, stops_on_objective(cfg, objectives[0]))
-    return Replay(loop.ended, loop.ended_s, choose(loop.ended), loop.clock, choose)
+    replay = Replay(loop.ended, loop.ended_s, choose(loop.ended), loop.clock, choose, loop.seen)
+    if cfg.search.repeat_best and replay.chosen is not None:
+        return with_repeats(replay, cfg, table, draws, concurrency, objectives[0], constraints)
+    return replay
+
+
+def with_repeats(replay: Replay, cfg: ExperimentConfig, table: CurveTable,
+                 draws: dict[str, Curve], concurrency: int, primary: ResolvedObjective,
+                 constraints: Constraints) -> Replay:  # fmt: skip
+    """``search.repeat_best`` after the replayed search, as ``raypeft tune`` runs it
+    (:func:`raypeft.search.repeats.run_repeats`): the same top trials, the same repeat configs
+    behind the same fixed-list searcher, run to the end, and the best mean wins. A repeat with
+    ``train.seed`` = the search's seed + i reports the i-th other recorded seed of its
+    configuration (by seed), so the draws of one configuration never repeat."""
+    feasible = [t for t in replay.trials if constraints.feasible(t.metrics)] or replay.trials
+    spec = cfg.search.repeat_best
+    top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k)
+    configs = repeat_configs(top, cfg.train.seed, spec.seeds)
+    fixed = fixed_values(cfg, table)
+
+    def other_seed(config: dict[str, Any]) -> Curve:
+        params = {**fixed, **{k: v for k, v in config.items() if k in cfg.space}}
+        drawn = draws[configuration_key(params)]
+        others = [c for c in table.by_configuration()[drawn.configuration] if c is not drawn]
+        return sorted(others, key=lambda c: c.seed)[config[SEED_KEY] - cfg.train.seed - 1]
+
+    searcher = ConcurrencyLimiter(
+        FixedConfigs(configs, primary.result_key, primary.mode), max_concurrent=concurrency
+    )
+    repeats = cfg.model_copy(update={"search": cfg.search.model_copy(
+        update={"num_samples": len(configs)})})  # fmt: skip
+    loop = ReplayLoop(repeats, table, draws, searcher, FIFOScheduler(), concurrency, other_seed,
+                      name="repeat")  # fmt: skip
+    loop.run()
+
+    def choose(trials: list[TrialResult]) -> TrialResult | None:
+        """The search's choice until a repeat ends; then the top trial of the best mean."""
+        done = [t for t in trials if REPEAT_OF in t.config]
+        if not done:
+            return replay.choose(trials)
+        groups = group_repeats(top, done, primary.result_key, cfg.train.seed)
+        best = max(groups, key=lambda g: g.mean if primary.mode == "max" else -g.mean)
+        return next(t for t in top if t.trial_id == best.trial_id)
+
+    trials = replay.trials + loop.ended
+    seen = {key: replay.seen.get(key, set()) | loop.seen.get(key, set())
+            for key in replay.seen.keys() | loop.seen.keys()}  # fmt: skip
+    return Replay(
+        trials,
+        replay.ended_s + [replay.wall_s + s for s in loop.ended_s],
+        choose(trials),
+        replay.wall_s + loop.clock,
+        choose,
+        seen,
+    )
 
 
 class ReplayLoop:
     """The event loop: trials start while slots are free, and report in simulated time."""
 
-    def __init__(self, cfg, table, draws, searcher, trial_scheduler, concurrency):
-        self.cfg, self.table, self.draws = cfg, table, draws
+    def __init__(self, cfg, table, draws, searcher, trial_scheduler, concurrency, curves=None,
+                 name="replay"):  # fmt: skip
+        self.cfg, self.table, self.draws, self.name = cfg, table, draws, name
+        self.curves: Callable[[dict[str, Any]], Curve] = curves or self.curve_for
         self.searcher: Searcher = searcher
         self.scheduler: TrialScheduler = trial_scheduler
         self.concurrency = concurrency
@@ -117,6 +180,7 @@ class ReplayLoop:
         self.clock = 0.0
         self.ended: list[TrialResult] = []
         self.ended_s: list[float] = []
+        self.seen: dict[str, set[int]] = {}  # configuration -> the recorded seeds it reported
 
     def run(self) -> None:
         self.start_trials()
@@ -132,7 +196,7 @@ class ReplayLoop:
             and self.created < self.cfg.search.num_samples
             and not self.finished
         ):
-            trial_id = f"replay_{self.created:05d}"
+            trial_id = f"{self.name}_{self.created:05d}"
             config = self.searcher.suggest(trial_id)
             if config is None or config == Searcher.FINISHED:
                 self.finished = config == Searcher.FINISHED or not self.running
@@ -147,7 +211,8 @@ class ReplayLoop:
         self.controller.trials.append(trial)
         self.scheduler.on_trial_add(self.controller, trial)
         trial.set_status(Trial.RUNNING)
-        replayed = ReplayedTrial(trial, self.curve_for(config), self.clock)
+        replayed = ReplayedTrial(trial, self.curves(config), self.clock)
+        self.seen.setdefault(replayed.curve.configuration, set()).add(replayed.curve.seed)
         self.running[trial_id] = replayed
         self.schedule_next(replayed)
 

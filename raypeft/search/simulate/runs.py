@@ -35,6 +35,7 @@ class ReplayScore:
     replay: int
     chosen: str | None  # the configuration the search chose (None: no trial finished)
     regret: float  # points below the table's best seed-mean
+    heldout: float  # the same, of the chosen configuration's seeds the search never saw
     normalised: float  # 0 best, 1 the median configuration
     steps: float  # trial-steps, as a fraction of the full grid's
     wall: float  # simulated wall time, as a fraction of the full grid's
@@ -56,7 +57,7 @@ class Simulation:
     scores: list[ReplayScore] = field(default_factory=list)
 
     def spread(self, figure: str) -> Spread:
-        """``figure`` (a ReplayScore field: regret, normalised, steps, wall) over replays."""
+        """``figure`` (a ReplayScore field: regret, heldout, normalised, steps, wall), replays."""
         return Spread.of([getattr(s, figure) for s in self.scores])
 
     def anytime_band(self, points: int = 60) -> dict[str, list[float]]:
@@ -135,6 +136,9 @@ def score(
         replay=i,
         chosen=chosen,
         regret=quality.regret(chosen) if chosen else float("nan"),
+        heldout=quality.heldout_regret(chosen, replay.seen.get(chosen, set()))
+        if chosen
+        else float("nan"),
         normalised=quality.normalised(chosen) if chosen else float("nan"),
         steps=replay.trial_steps() / grid.trial_steps(),
         wall=replay.wall_s / grid.wall_s,

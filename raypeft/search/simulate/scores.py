@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy import stats
@@ -40,19 +40,21 @@ class Quality:
     means: dict[str, float]
     errors: dict[str, float]  # standard error of the mean over seeds (0 with one seed)
     sign: int  # +1 when higher is better
+    values: dict[str, dict[int, float]] = field(default_factory=dict)  # by seed
 
     @classmethod
     def of(cls, table: CurveTable, configurations: set[str] | None = None) -> Quality:
         """Over ``configurations`` (those the replayed space can propose; default all)."""
-        means, errors = {}, {}
+        means, errors, by_seed = {}, {}, {}
         for key, curves in table.by_configuration().items():
             if configurations is not None and key not in configurations:
                 continue
-            values = [final_value(c, table.metric, table.mode) for c in curves]
+            by_seed[key] = {c.seed: final_value(c, table.metric, table.mode) for c in curves}
+            values = list(by_seed[key].values())
             means[key] = statistics.fmean(values)
             spread = statistics.stdev(values) if len(values) > 1 else 0.0
             errors[key] = spread / math.sqrt(len(values))
-        return cls(means, errors, 1 if table.mode == "max" else -1)
+        return cls(means, errors, 1 if table.mode == "max" else -1, by_seed)
 
     @property
     def best(self) -> str:
@@ -61,6 +63,17 @@ class Quality:
     def regret(self, configuration: str) -> float:
         """Points below the best seed-mean (0 for the best configuration)."""
         return POINTS * self.sign * (self.means[self.best] - self.means[configuration])
+
+    def heldout_regret(self, configuration: str, seen: set[int]) -> float:
+        """Points below the best seed-mean of ``configuration``'s mean over the seeds the
+        search did not see (NaN when it saw them all). The seed-mean a search is scored on
+        includes the draw it chose by, which flatters every choice (the best of noisy draws
+        is biased upwards); scored on unseen seeds, the chosen configuration's value is an
+        unbiased draw of its quality."""
+        unseen = [v for seed, v in self.values[configuration].items() if seed not in seen]
+        if not unseen:
+            return math.nan
+        return POINTS * self.sign * (self.means[self.best] - statistics.fmean(unseen))
 
     def normalised(self, configuration: str) -> float:
         """Regret over the gap between the best and the median seed-mean (0 best, 1 median)."""
