@@ -1,14 +1,18 @@
 """Search defaults chosen by the numbers (issue 25, item 4): settings replayed against tables.
 
-Every setting below is the shipped ``search_spaces/dept.yaml`` search with some ``search.*``
-keys changed; each is replayed ``--replays`` times (default 30) against each learning-curve
-table given (``raypeft table``'s files) by :func:`raypeft.search.simulate.simulate`, the same
-Optuna searcher and Tune scheduler objects ``raypeft tune`` builds, on a simulated clock.
-Per table it prints one row per setting: the chosen configuration's regret (points below the
-table's best seed-mean) and the compute (trial-steps and simulated wall time, fractions of
-the full grid's on the same seed draws), as median [25th-75th percentile], the median's
-bootstrap 95% interval, and whether the issue's goal is met (regret within 0.5 points or the
-best configuration's standard error over seeds, at <= 0.30 of the grid's trial-steps).
+Every setting below is the shipped ``search_spaces/dept.yaml`` experiment (its space, data,
+steps) with its search set to ``COMMON`` (TPE, ASHA on validation loss, 12 samples: the file's
+search until 2026-11-26) and then some ``search.*`` keys changed; the row whose search is the
+file's is marked "(shipped)". Two references replay DePT's whole grid (m included) once per
+configuration: alone, and with its top 3 trained again on 2 more seeds. Each setting is
+replayed ``--replays`` times (default 30) against each learning-curve table given
+(``raypeft table``'s files) by :func:`raypeft.search.simulate.simulate`, the same Optuna
+searcher and Tune scheduler objects ``raypeft tune`` builds, on a simulated clock. Per table it
+prints one row per setting: the chosen configuration's regret (points below the table's best
+seed-mean) as median [25th-75th percentile], the median's bootstrap 95% interval and the
+interquartile mean, the compute (trial-steps and simulated wall time, fractions of the full
+grid's on the same seed draws), and whether the issue's goal is met (regret within 0.5 points
+or the best configuration's standard error over seeds, at <= 0.30 of the grid's trial-steps).
 
 Results are appended to ``--out`` (JSON lines) as each setting finishes, so an interrupted
 study continues where it stopped: a setting already there for the same table, replays and
@@ -24,12 +28,13 @@ Usage::
     python -m benchmarks.replay_study --table T1.json --table T2.json --replays 30 \\
         --only tpe-asha-loss --out benchmarks/results/replay_study.jsonl
     python -m benchmarks.replay_study --table T.json --figures docs/figures \
-        --figure-setting "tpe-asha-loss (shipped)" --figure-setting random-none
+        --figure-setting tpe-none-repeat2x1 --figure-setting tpe-asha-loss
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -42,11 +47,18 @@ from raypeft.search.simulate import CurveTable, simulate
 
 BASE = REPO / "search_spaces" / "dept.yaml"
 ASHA = {"type": "asha", "grace_period": 1, "reduction_factor": 3, "metric": "val_loss"}
+NONE = {"type": "none"}
+# every setting starts from this search (the file's until 2026-11-26), whatever ships now
+COMMON = {"sampler": "tpe", "num_samples": 12, "answer_repeats": True, "scheduler": ASHA,
+          "repeat_best": None}  # fmt: skip
+# the references: every configuration of DePT's grid once, m included (what the paper runs)
+GRID = {"sampler": "grid", "num_samples": 48, "scheduler": NONE,
+        "space": {"method.prompt_length": {"grid": [20, 40, 60, 80]}}}  # fmt: skip
 
-# label -> search.* overrides of the shipped DePT search (the first row is what ships)
+# label -> search.* overrides of COMMON ("space": space overrides)
 SETTINGS: dict[str, dict] = {
-    "tpe-asha-loss (shipped)": {},
-    "tpe-none": {"scheduler": {"type": "none"}},
+    "tpe-asha-loss": {},
+    "tpe-none": {"scheduler": NONE},
     "tpe-asha-accuracy": {"scheduler": {**ASHA, "metric": "val_accuracy"}},
     "tpe-asha-loss-grace2": {"scheduler": {**ASHA, "grace_period": 2}},
     "tpe-asha-loss-rf2": {"scheduler": {**ASHA, "reduction_factor": 2}},
@@ -58,19 +70,47 @@ SETTINGS: dict[str, dict] = {
     "tpe-asha-loss-retrain-repeats": {"answer_repeats": False},
     # at 12 samples the (a1, a2) grid never repeats; at 24 every pair comes twice
     "tpe-asha-loss-n24-retrain-repeats": {"num_samples": 24, "answer_repeats": False},
+    # a configuration's score is one draw of its seeds: train the top ones again, best mean wins
+    "tpe-asha-loss-repeat3x1": {"repeat_best": {"top_k": 3, "seeds": 1}},
+    "tpe-asha-loss-repeat3x2": {"repeat_best": {"top_k": 3, "seeds": 2}},
+    "tpe-asha-loss-repeat5x1": {"repeat_best": {"top_k": 5, "seeds": 1}},
+    "tpe-asha-loss-repeat2x2": {"repeat_best": {"top_k": 2, "seeds": 2}},
+    "tpe-asha-loss-n18-repeat3x2": {"num_samples": 18, "repeat_best": {"top_k": 3, "seeds": 2}},
+    "tpe-asha-loss-grace2-repeat3x2": {
+        "scheduler": {**ASHA, "grace_period": 2},
+        "repeat_best": {"top_k": 3, "seeds": 2},
+    },  # fmt: skip
+    "tpe-none-repeat2x1": {"scheduler": NONE, "repeat_best": {"top_k": 2, "seeds": 1}},
+    "tpe-none-repeat3x2": {"scheduler": NONE, "repeat_best": {"top_k": 3, "seeds": 2}},
     "random-asha-loss": {"sampler": "random"},
-    "random-none": {"sampler": "random", "scheduler": {"type": "none"}},
+    "random-none": {"sampler": "random", "scheduler": NONE},
     "gp-asha-loss": {"sampler": "gp"},
-    "gp-none": {"sampler": "gp", "scheduler": {"type": "none"}},
+    "gp-none": {"sampler": "gp", "scheduler": NONE},
+    "grid (reference)": GRID,
+    "grid-repeat3x2 (reference)": {**GRID, "repeat_best": {"top_k": 3, "seeds": 2}},
 }
 
 
 def search_with(overrides: dict):
-    """The shipped DePT search with ``search.<key>`` overridden."""
+    """The shipped DePT file's experiment with its search set to COMMON, then ``overrides``
+    (``space`` among them: space entries replaced)."""
     base = load_experiment(BASE)
-    search = base.search.model_dump(mode="json") | overrides
-    data = base.model_dump(mode="json") | {"search": search}
+    overrides = dict(overrides)
+    space = base.model_dump(mode="json")["space"] | overrides.pop("space", {})
+    search = base.search.model_dump(mode="json") | COMMON | overrides
+    data = base.model_dump(mode="json") | {"search": search, "space": space}
     return type(base).model_validate(data)
+
+
+@functools.cache  # the file does not change during a study
+def shipped_setting() -> str:
+    """The label whose search is the shipped file's (each is checked to be one of them)."""
+    shipped = load_experiment(BASE)
+    for label, overrides in SETTINGS.items():
+        candidate = search_with(overrides)
+        if candidate.search == shipped.search and candidate.space == shipped.space:
+            return label
+    raise SystemExit(f"{BASE}: its search is none of the settings; add it to SETTINGS")
 
 
 def done_keys(out: Path) -> set[tuple]:
@@ -92,11 +132,13 @@ def study_row(label: str, table_path: Path, table: CurveTable, replays: int, see
         "replays": replays,
         "seed": seed,
         "seconds": round(time.perf_counter() - started, 1),
+        "shipped": label == shipped_setting(),
         "goal": sim.goal(),
     }
-    for figure in ("regret", "normalised", "steps", "wall"):
+    for figure in ("regret", "heldout", "normalised", "steps", "wall"):
         spread = sim.spread(figure)
         row[figure] = {
+            "n": spread.n,
             "median": spread.median,
             "median_ci": list(spread.median_ci),
             "iqm": spread.iqm,
@@ -114,14 +156,17 @@ def cell(figure: dict, digits: int = 2) -> str:
 
 def print_rows(rows: list[dict]) -> None:
     header = [
-        "setting", "regret (points) median [IQR]", "median 95% CI", "trial-steps / grid",
-        "wall / grid", "goal",
+        "setting", "regret (points) median [IQR]", "median 95% CI", "IQM",
+        "unseen seeds: median [IQR]", "trial-steps / grid", "wall / grid", "goal",
     ]  # fmt: skip
+    shipped = shipped_setting()
     body = [
         [
-            r["setting"],
+            r["setting"] + (" (shipped)" if r["setting"] == shipped else ""),
             cell(r["regret"]),
             "{:.2f}-{:.2f}".format(*r["regret"]["median_ci"]),
+            f"{r['regret']['iqm']:.2f}",
+            cell(r["heldout"]) if r["heldout"]["n"] else "(every seed seen)",
             cell(r["steps"]),
             cell(r["wall"]),
             "met" if r["goal"]["met"] else "missed",
@@ -159,7 +204,7 @@ def main() -> None:
                         help="a setting in the figures (repeatable; default: shipped)")  # fmt: skip
     args = parser.parse_args()
     labels = args.only or list(SETTINGS)
-    figured = args.figure_setting or [next(iter(SETTINGS))]
+    figured = args.figure_setting or [shipped_setting()]
     unknown = [label for label in [*labels, *figured] if label not in SETTINGS]
     if unknown:
         parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
