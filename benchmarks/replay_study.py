@@ -44,6 +44,7 @@ from benchmarks.common.tables import print_table, right_aligned_after
 from raypeft.config.loading import load_experiment
 from raypeft.reporting.replay_figures import draw_anytime, draw_tradeoff
 from raypeft.search.simulate import CurveTable, simulate
+from raypeft.search.simulate.records import FIGURES
 
 BASE = REPO / "search_spaces" / "dept.yaml"
 ASHA = {"type": "asha", "grace_period": 1, "reduction_factor": 3, "metric": "val_loss"}
@@ -135,7 +136,7 @@ def study_row(label: str, table_path: Path, table: CurveTable, replays: int, see
         "shipped": label == shipped_setting(),
         "goal": sim.goal(),
     }
-    for figure in ("regret", "heldout", "normalised", "steps", "wall"):
+    for figure in FIGURES:
         spread = sim.spread(figure)
         row[figure] = {
             "n": spread.n,

@@ -77,6 +77,7 @@ def summary_table(sims) -> str:
     rows = []
     for sim in sims:
         steps, wall, regret = sim.spread("steps"), sim.spread("wall"), sim.spread("regret")
+        heldout = sim.spread("heldout")
         rows.append(
             [
                 sim.name,
@@ -88,7 +89,7 @@ def summary_table(sims) -> str:
                 _ci(regret.iqm, regret.iqm_ci),
                 f"{regret.q25:.2f}-{regret.q75:.2f}",
                 f"{sim.spread('normalised').median:.2f}",
-                _ci(sim.spread("heldout").median, sim.spread("heldout").median_ci),
+                _ci(heldout.median, heldout.median_ci),
             ]
         )
     headers = ["search", "replays", "steps/grid (median, 95% CI)", "steps 25-75%",

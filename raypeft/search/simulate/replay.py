@@ -121,11 +121,12 @@ def with_repeats(replay: Replay, cfg: ExperimentConfig, table: CurveTable,
     top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k)
     configs = repeat_configs(top, cfg.train.seed, spec.seeds)
     fixed = fixed_values(cfg, table)
+    groups = table.by_configuration()
 
     def other_seed(config: dict[str, Any]) -> Curve:
         params = {**fixed, **{k: v for k, v in config.items() if k in cfg.space}}
         drawn = draws[configuration_key(params)]
-        others = [c for c in table.by_configuration()[drawn.configuration] if c is not drawn]
+        others = [c for c in groups[drawn.configuration] if c is not drawn]
         return sorted(others, key=lambda c: c.seed)[config[SEED_KEY] - cfg.train.seed - 1]
 
     searcher = ConcurrencyLimiter(
@@ -142,8 +143,8 @@ def with_repeats(replay: Replay, cfg: ExperimentConfig, table: CurveTable,
         done = [t for t in trials if REPEAT_OF in t.config]
         if not done:
             return replay.choose(trials)
-        groups = group_repeats(top, done, primary.result_key, cfg.train.seed)
-        best = max(groups, key=lambda g: g.mean if primary.mode == "max" else -g.mean)
+        means = group_repeats(top, done, primary.result_key, cfg.train.seed)
+        best = max(means, key=lambda g: g.mean if primary.mode == "max" else -g.mean)
         return next(t for t in top if t.trial_id == best.trial_id)
 
     trials = replay.trials + loop.ended
