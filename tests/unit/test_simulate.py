@@ -17,7 +17,7 @@ from raypeft.config.loading import validate_experiment
 from raypeft.config.space import configuration_key
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
-from raypeft.search.simulate import CurveTable, replay_config, simulate
+from raypeft.search.simulate import CurveTable, records, replay_config, simulate
 from raypeft.search.simulate.replay import draw_seeds, replay_search
 from raypeft.search.simulate.scores import Quality, Spread, regret_at
 from raypeft.search.simulate.table import Curve, continuous_clock
@@ -272,7 +272,8 @@ def test_simulate_end_to_end_writes_summary_figures_and_an_mlflow_run(table, tmp
     folder = tmp_path / "out" / "synthetic"
     rows = (folder / "replays.csv").read_text().splitlines()
     assert len(rows) == 1 + 6
-    summary = json.loads((folder / "summary.json").read_text())
+    strict = {"parse_constant": lambda c: pytest.fail(f"{c} in summary.json: not JSON")}
+    summary = json.loads((folder / "summary.json").read_text(), **strict)
     assert summary["replays"] == 6 and set(summary["figures"]) >= {"regret", "steps"}
     assert summary["grid_trial_steps"] == len(LRS) * STEPS[-1]  # the fractions' denominator
     assert summary["grid_wall_s"] > 0
@@ -324,3 +325,10 @@ def test_a_fixed_value_the_table_lacks_and_a_damaged_table_are_refused(table, tm
             main, ["simulate", str(tmp_path / "search.yaml"), "--table", str(tmp_path / table_file)]
         )
         assert result.exit_code == 2 and fragment in result.output, result.output
+
+
+def test_nan_in_a_summary_is_written_as_null():
+    summary = {"figures": {"heldout": {"median": float("nan"), "q": [1.0, float("nan")]}}}
+    assert records.nan_as_null(summary) == {
+        "figures": {"heldout": {"median": None, "q": [1.0, None]}}
+    }

@@ -58,7 +58,21 @@ def write_replays(sim: Simulation, out: Path) -> None:
         writer.writeheader()
         for score in sim.scores:
             writer.writerow(dataclasses.asdict(score))
-    (out / "summary.json").write_text(json.dumps(summary(sim), indent=1) + "\n")
+    # why null: NaN (no replay finished a trial, no unseen seed left) is not JSON; strict
+    # readers (jq, JavaScript, most JSON libraries) refuse the file Python would write
+    text = json.dumps(nan_as_null(summary(sim)), indent=1, allow_nan=False)
+    (out / "summary.json").write_text(text + "\n")
+
+
+def nan_as_null(value: Any) -> Any:
+    """``value`` with every NaN float, however deeply nested, replaced by ``None``."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: nan_as_null(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [nan_as_null(v) for v in value]
+    return value
 
 
 def log_simulation(
