@@ -170,18 +170,20 @@ def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> No
     seeds it never trained at, so it is placed twice: among the replays' in-sample regrets
     (scored on a seed-mean that includes the draw the replay chose by, which flatters it)
     and among their unseen-seed regrets (the chosen configuration's seeds the replay never
-    saw), the like-for-like comparison."""
+    saw), the like-for-like comparison; normalised, it is placed among the latter only."""
     columns = {  # header -> (the replays' figure, the real run's figure)
         "regret (points)": ("regret", "regret"),
         "regret, unseen seeds": ("heldout", "regret"),
-        "normalised": ("normalised", "normalised"),
+        "normalised, unseen seeds": ("heldout_normalised", "normalised"),
         "trial-steps / grid": ("steps", "steps"),
         "wall / grid": ("wall", "wall"),
     }
     replayed = {
         figure: [v for s in sim.scores if np.isfinite(v := getattr(s, figure))]
-        for figure, _ in columns.values()
+        for figure in ("regret", "heldout", "steps", "wall")
     }
+    gap = sim.quality.median_gap  # normalised regret is regret over it
+    replayed["heldout_normalised"] = [v / gap for v in replayed["heldout"]] if gap > 0 else []
     rows = []
     for label, quantiles in (("replays: median", [50]), ("replays: 5th-95th", list(BAND))):
         rows.append([label] + [

@@ -67,6 +67,7 @@ def test_a_real_runs_regret_is_also_placed_among_the_unseen_seed_regrets(dept_ta
     assert "regret, unseen seeds" in out
     # beyond every replay's unseen-seed regret: the 100th percentile, outside the band
     assert out.count(f"{unseen[-1] + 5.0:.2f} (p100, OUT)") == 2
+    assert "normalised, unseen seeds" in out
 
 
 def test_a_relative_data_folder_is_resolved_before_the_run_changes_folder(

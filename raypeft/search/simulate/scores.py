@@ -75,10 +75,16 @@ class Quality:
             return math.nan
         return POINTS * self.sign * (self.means[self.best] - statistics.fmean(unseen))
 
+    @property
+    def median_gap(self) -> float:
+        """Points between the best and the median seed-mean: what normalised regret divides
+        by."""
+        median = statistics.median(self.means.values())
+        return POINTS * self.sign * (self.means[self.best] - median)
+
     def normalised(self, configuration: str) -> float:
         """Regret over the gap between the best and the median seed-mean (0 best, 1 median)."""
-        median = statistics.median(self.means.values())
-        gap = POINTS * self.sign * (self.means[self.best] - median)
+        gap = self.median_gap
         return self.regret(configuration) / gap if gap > 0 else 0.0
 
     def tolerance(self, goal_points: float) -> tuple[float, str]:
