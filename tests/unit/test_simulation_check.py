@@ -33,41 +33,40 @@ def test_the_grid_figures_are_the_tables(dept_table_file):
     assert wall == 48 * 80 / 2
 
 
-def test_a_real_run_is_placed_among_the_replays(dept_table_file, capsys):
-    table = CurveTable.load(dept_table_file)
-    sim = simulate(replay_study.search_with({}), table, replays=4)
-    steps = sorted(s.steps for s in sim.scores)
+def replays(table_file):
+    """Four replays of the shipped search against the synthetic table."""
+    return simulate(replay_study.search_with({}), CurveTable.load(table_file), replays=4)
+
+
+def report_of(sim, capsys, **figures) -> str:
+    """What ``report`` prints for one real run (k 0, seeds 0/100) with ``figures``."""
     run = {
         "k": 0, "sampler_seed": 0, "train_seed": 100, "chosen": sim.scores[0].chosen,
-        "regret": 0.0, "normalised": 0.0, "steps": steps[-1] + 1.0, "wall": 0.5,
-        "trials": 12, "stopped": 9, "search_wall_s": 60.0, "trials_wall_s": 50.0,
+        "regret": 0.0, "normalised": 0.0, "steps": 0.3, "wall": 0.3,
+        "trials": 14, "stopped": 0, "search_wall_s": 60.0, "trials_wall_s": 50.0,
         "best_val": 0.8, "test": 0.79,
-    }  # fmt: skip
+    } | figures  # fmt: skip
     args = type("Args", (), {"space": Path("dept.yaml"), "table": Path("t.json")})
     simulation_check.report(sim, [run], args, 48 * 160, 3840.0)
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_a_real_run_is_placed_among_the_replays(dept_table_file, capsys):
+    sim = replays(dept_table_file)
+    steps = sorted(s.steps for s in sim.scores)
+    out = report_of(sim, capsys, steps=steps[-1] + 1.0)
     assert "| real run 0 (seeds 0/100)" in out
     assert f"{steps[-1] + 1.0:.2f} (p100, OUT)" in out  # beyond every replay's compute
     assert simulation_check.percentile_of(2.0, [1.0, 2.0, 3.0, 4.0]) == 50.0
 
 
 def test_a_real_runs_regret_is_also_placed_among_the_unseen_seed_regrets(dept_table_file, capsys):
-    table = CurveTable.load(dept_table_file)
-    sim = simulate(replay_study.search_with({}), table, replays=4)
+    sim = replays(dept_table_file)
     unseen = sorted(s.heldout for s in sim.scores)
-    run = {
-        "k": 1, "sampler_seed": 1, "train_seed": 101, "chosen": sim.scores[0].chosen,
-        "regret": unseen[-1] + 5.0, "normalised": 0.0, "steps": 0.3, "wall": 0.3,
-        "trials": 14, "stopped": 0, "search_wall_s": 60.0, "trials_wall_s": 50.0,
-        "best_val": 0.8, "test": 0.79,
-    }  # fmt: skip
-    args = type("Args", (), {"space": Path("dept.yaml"), "table": Path("t.json")})
-    simulation_check.report(sim, [run], args, 48 * 160, 3840.0)
-    out = capsys.readouterr().out
-    assert "regret, unseen seeds" in out
+    out = report_of(sim, capsys, regret=unseen[-1] + 5.0)
+    assert "regret, unseen seeds" in out and "normalised, unseen seeds" in out
     # beyond every replay's unseen-seed regret: the 100th percentile, outside the band
     assert out.count(f"{unseen[-1] + 5.0:.2f} (p100, OUT)") == 2
-    assert "normalised, unseen seeds" in out
 
 
 def test_a_relative_data_folder_is_resolved_before_the_run_changes_folder(
