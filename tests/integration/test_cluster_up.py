@@ -513,9 +513,16 @@ def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
         time.sleep(2)
 
     cluster.down()
-    time.sleep(5)
-    left = [" ".join(p.info["cmdline"] or [])[:120] for p in cluster.node_processes()]
-    assert not [c for c in left if "sshd" not in c], f"ray down left these running: {left}"
+
+    def left_running() -> list[str]:
+        commands = [" ".join(p.info["cmdline"] or [])[:120] for p in cluster.node_processes()]
+        return [c for c in commands if "sshd" not in c]
+
+    # `ray down` returns before every process has exited: wait for them, not a fixed time
+    deadline = time.monotonic() + 120
+    while (left := left_running()) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"ray down left these running: {left}"
 
     shipped = cluster.checkout / "cluster-test" / "shipped.txt"
     shipped.write_text("a code change\n")
