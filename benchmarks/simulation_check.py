@@ -65,12 +65,7 @@ def real_config(search, table: CurveTable, k: int, train_seed: int, overrides: l
     data["run"] = {**data.get("run", {}), "storage_path": str(folder / "ray_results")}
     for override in overrides:
         set_dotted(data, *parse_override(override))
-    cfg = validate_experiment(data, "the real check")
-    # why: the search runs inside ``folder`` (timed_search changes to it), so a data folder
-    # given relative to where the check was started would be looked for there
-    if cfg.task.data_dir is not None:
-        cfg.task.data_dir = cfg.task.data_dir.resolve()
-    return cfg
+    return validate_experiment(data, "the real check")
 
 
 def real_run(cfg, table: CurveTable, quality: Quality, grid_steps: int, grid_wall: float,

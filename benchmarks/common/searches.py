@@ -45,6 +45,19 @@ def working_directory(folder: Path):
         os.chdir(cwd)
 
 
+def paths_from_here(cfg):
+    """``cfg`` with its local data paths (``task.data_dir``, ``task.files``) made absolute
+    from the current folder: a search run in a folder of its own would otherwise look for a
+    relative path there."""
+    task = cfg.task
+    update = {}
+    if task.data_dir is not None:
+        update["data_dir"] = task.data_dir.resolve()
+    if task.files:
+        update["files"] = {split: path.resolve() for split, path in task.files.items()}
+    return cfg.model_copy(update={"task": task.model_copy(update=update)})
+
+
 def timed_search(cfg, folder: Path):
     """Run the search ``cfg`` in ``folder`` and shut its Ray down, as one ``raypeft tune``
     would; ``(summary, wall seconds)``."""
@@ -52,6 +65,7 @@ def timed_search(cfg, folder: Path):
 
     from raypeft.search.run import run_experiment
 
+    cfg = paths_from_here(cfg)
     with working_directory(folder):
         start = time.perf_counter()
         summary = run_experiment(cfg, quiet=True)

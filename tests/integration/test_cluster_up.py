@@ -40,6 +40,7 @@ import yaml
 from filelock import FileLock
 from mlflow.tracking import MlflowClient
 
+from raypeft.tracking.tags import ROLE_SEARCH, ROLE_TAG
 from tests.helpers import TINY_SEARCH_BASE, children
 
 pytestmark = pytest.mark.integration
@@ -488,6 +489,32 @@ def test_a_search_submitted_as_a_job_reaches_the_heads_mlflow(cluster, tmp_path)
         tunnel.close()
 
 
+def searches(db: Path) -> list[tuple[str, str]]:
+    """(run id, status) of every search's parent run in the head's MLflow store, newest
+    first, read straight from its sqlite file."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        return con.execute(
+            "SELECT r.run_uuid, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid"
+            " WHERE t.key = ? AND t.value = ? ORDER BY r.start_time DESC",
+            (ROLE_TAG, ROLE_SEARCH),
+        ).fetchall()
+
+
+def a_trial_reported(db: Path, parent_run_id: str) -> bool:
+    """Whether a trial of the search ``parent_run_id`` has logged a validation accuracy."""
+    import sqlite3
+
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
+        (count,) = con.execute(
+            "SELECT COUNT(*) FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid"
+            " WHERE t.key = 'mlflow.parentRunId' AND t.value = ? AND m.key = 'val_accuracy'",
+            (parent_run_id,),
+        ).fetchone()
+    return count > 0
+
+
 def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
     """A search stopped by `ray down` continues with --resume after the next `ray up`, which
     ships a code change and keeps the head's MLflow store, artefacts and Optuna study."""
@@ -495,22 +522,18 @@ def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
     before = sorted(p.name for p in (state / "mlartifacts").rglob("*") if p.is_file())
     longer = ["--set", "search.num_samples=2", "--set", "train.max_steps=200"]
     longer += ["--set", "train.eval_every=20", "--set", "search.scheduler.type=none"]
-    cluster.submit(*longer, wait=False)
     db = state / "mlflow.db"
+    known = len(searches(db))
+    cluster.submit(*longer, wait=False)
 
-    def trials_reported() -> bool:
-        import sqlite3
-
-        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-            rows = con.execute(
-                "SELECT COUNT(DISTINCT run_uuid) FROM metrics WHERE key = 'val_accuracy'"
-            ).fetchone()
-        return rows[0] > 2  # the first search's two trials, and one of this one
-
+    # Wait for this search's own trial to report: the earlier search's parent also holds
+    # val_accuracy (its best trial's), so counting runs with that metric is not enough.
     deadline = time.monotonic() + 600
-    while not trials_reported():
+    while len(newest := searches(db)) == known or not a_trial_reported(db, newest[0][0]):
         assert time.monotonic() < deadline, "the second search never reported"
-        time.sleep(2)
+        time.sleep(0.5)
+    status = searches(db)[0][1]
+    assert status == "RUNNING", f"the second search ended ({status}) before ray down"
 
     cluster.down()
 

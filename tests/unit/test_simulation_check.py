@@ -67,13 +67,3 @@ def test_a_real_runs_regret_is_also_placed_among_the_unseen_seed_regrets(dept_ta
     assert "regret, unseen seeds" in out and "normalised, unseen seeds" in out
     # beyond every replay's unseen-seed regret: the 100th percentile, outside the band
     assert out.count(f"{unseen[-1] + 5.0:.2f} (p100, OUT)") == 2
-
-
-def test_a_relative_data_folder_is_resolved_before_the_run_changes_folder(
-    dept_table_file, tmp_path, monkeypatch
-):
-    monkeypatch.chdir(tmp_path)
-    table = CurveTable.load(dept_table_file)
-    search = replay_study.search_with({})
-    cfg = simulation_check.real_config(search, table, 0, 100, ["task.data_dir=data/mr"], tmp_path)
-    assert cfg.task.data_dir == tmp_path / "data" / "mr"
