@@ -52,10 +52,13 @@ def command(files, table_path, replays, seed, concurrency, overrides, tracking_u
     try:
         table = CurveTable.load(table_path)
         searches = [load_experiment(f, list(overrides)) for f in files]
-        for search in searches:  # every input checked before anything is written
-            replay_config(search, table, concurrency or table.concurrency())
     except ConfigError as exc:
         fail(str(exc))
+    for file, search in zip(files, searches, strict=True):  # all checked before any output
+        try:
+            replay_config(search, table, concurrency or table.concurrency())
+        except ConfigError as exc:
+            fail(f"{file}: {exc}")
     for note in {"; ".join(differences(s, table)) for s in searches} - {""}:
         click.echo(f"replayed on the table's recording: {note}")
     labels = _labels(files, searches)

@@ -306,6 +306,7 @@ def test_bad_search_files_are_one_line_errors_and_nothing_is_created(
     )
     assert result.exit_code == 2
     assert fragment in result.output and len(result.output.strip().splitlines()) == 1
+    assert "error: search.yaml: space." in result.output  # which file, of several
     assert sorted(p.name for p in tmp_path.iterdir()) == ["search.yaml", "table.json"]
 
 
