@@ -489,30 +489,22 @@ def test_a_search_submitted_as_a_job_reaches_the_heads_mlflow(cluster, tmp_path)
         tunnel.close()
 
 
-def searches(db: Path) -> list[tuple[str, str]]:
-    """(run id, status) of every search's parent run in the head's MLflow store, newest
-    first, read straight from its sqlite file."""
-    import sqlite3
+def searches(client: MlflowClient) -> list:
+    """Every search's parent run in the head's MLflow store, newest first."""
+    experiment = client.get_experiment_by_name(EXPERIMENT)
+    if experiment is None:
+        return []
+    return client.search_runs(
+        [experiment.experiment_id],
+        f"tags.`{ROLE_TAG}` = '{ROLE_SEARCH}'",
+        order_by=["attributes.start_time DESC"],
+    )
 
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        return con.execute(
-            "SELECT r.run_uuid, r.status FROM runs r JOIN tags t ON t.run_uuid = r.run_uuid"
-            " WHERE t.key = ? AND t.value = ? ORDER BY r.start_time DESC",
-            (ROLE_TAG, ROLE_SEARCH),
-        ).fetchall()
 
-
-def a_trial_reported(db: Path, parent_run_id: str) -> bool:
-    """Whether a trial of the search ``parent_run_id`` has logged a validation accuracy."""
-    import sqlite3
-
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as con:
-        (count,) = con.execute(
-            "SELECT COUNT(*) FROM metrics m JOIN tags t ON t.run_uuid = m.run_uuid"
-            " WHERE t.key = 'mlflow.parentRunId' AND t.value = ? AND m.key = 'val_accuracy'",
-            (parent_run_id,),
-        ).fetchone()
-    return count > 0
+def a_trial_reported(client: MlflowClient, parent) -> bool:
+    """Whether a trial of the search ``parent`` has logged a validation accuracy."""
+    trials = children(client, parent.info.experiment_id, parent.info.run_id)
+    return any("val_accuracy" in t.data.metrics for t in trials)
 
 
 def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
@@ -523,16 +515,17 @@ def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
     longer = ["--set", "search.num_samples=2", "--set", "train.max_steps=200"]
     longer += ["--set", "train.eval_every=20", "--set", "search.scheduler.type=none"]
     db = state / "mlflow.db"
-    known = len(searches(db))
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    known = len(searches(client))
     cluster.submit(*longer, wait=False)
 
     # Wait for this search's own trial to report: the earlier search's parent also holds
     # val_accuracy (its best trial's), so counting runs with that metric is not enough.
     deadline = time.monotonic() + 600
-    while len(newest := searches(db)) == known or not a_trial_reported(db, newest[0][0]):
+    while len(newest := searches(client)) == known or not a_trial_reported(client, newest[0]):
         assert time.monotonic() < deadline, "the second search never reported"
         time.sleep(0.5)
-    status = searches(db)[0][1]
+    status = client.get_run(newest[0].info.run_id).info.status
     assert status == "RUNNING", f"the second search ended ({status}) before ray down"
 
     cluster.down()
@@ -557,7 +550,6 @@ def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
 
     proc = cluster.submit(*longer, "--resume")
     assert "Search finished" in proc.stdout, proc.stdout[-3000:]
-    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     experiment = client.get_experiment_by_name(EXPERIMENT)
     parents = client.search_runs([experiment.experiment_id], "tags.`raypeft.role` = 'experiment'")
     assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents)
