@@ -12,7 +12,6 @@ loader for `raypeft tune ... --set ...`.
 
 from __future__ import annotations
 
-import ast
 import copy
 import re
 import shlex
@@ -112,7 +111,7 @@ def _unknown_node_type_key(c):
 
 
 def _unknown_security_group_key(c):
-    c["provider"]["security_group"]["Ingress"] = []
+    c["provider"]["security_group"] = {"GroupName": "raypeft-cluster", "Ingress": []}
 
 
 def _unknown_auth_key(c):
@@ -155,52 +154,19 @@ def test_the_same_validation_rejects_broken_files(name, breakage, error):
 # ----------------------------------------------------------------------------- security
 
 
-def test_the_security_group_opens_only_ssh_from_a_set_cidr():
-    group = load(AWS)["provider"]["security_group"]
-    assert group["GroupName"]
-    rules = group["IpPermissions"]
-    assert rules
-    for rule in rules:
-        assert set(rule) <= {"IpProtocol", "FromPort", "ToPort", "IpRanges"}, rule
-        assert (rule["IpProtocol"], rule["FromPort"], rule["ToPort"]) == ("tcp", 22, 22), rule
-        cidrs = [r["CidrIp"] for r in rule["IpRanges"]]
-        assert cidrs and all(re.fullmatch(r"\d+\.\d+\.\d+\.\d+/\d+", c) for c in cidrs), cidrs
-        assert "0.0.0.0/0" not in cidrs
-
-
-def test_no_node_type_bypasses_the_security_group():
-    for name, node_type in load(AWS)["available_node_types"].items():
-        assert "SecurityGroupIds" not in node_type["node_config"], name
-        assert "NetworkInterfaces" not in node_type["node_config"], name
-
-
-def _ray_aws_function(name: str) -> ast.FunctionDef:
-    source = Path(ray.autoscaler.__file__).parent / "_private" / "aws" / "config.py"
-    tree = ast.parse(source.read_text())
-    return next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
-
-
-def test_docs_precreate_the_group_because_ray_opens_ssh_to_the_world_in_groups_it_creates():
-    """docs/cluster.md's reason to create the group by hand holds for the installed Ray."""
-    ssh = _ray_aws_function("_create_default_ssh_inbound_rules")
-    returned = next(n for n in ast.walk(ssh) if isinstance(n, ast.Return))
-    rules = ast.literal_eval(returned.value)
-    assert {
-        "FromPort": 22,
-        "ToPort": 22,
-        "IpProtocol": "tcp",
-        "IpRanges": [{"CidrIp": "0.0.0.0/0"}],
-    } in rules
-    # ... and a group that already has rules is left alone
-    assert "if not sg.ip_permissions" in ast.unparse(
-        _ray_aws_function("_upsert_security_group_rules")
-    )
-
-    docs = DOCS.read_text()
-    group = load(AWS)["provider"]["security_group"]["GroupName"]
-    assert f"--group-name {group}" in docs
-    assert re.search(r"authorize-security-group-ingress .*--protocol all --source-group \$SG", docs)
-    assert re.search(r"authorize-security-group-ingress .*--protocol tcp --port 22 --cidr ", docs)
+def test_every_node_type_names_the_one_group_by_id_and_the_file_no_rules():
+    """The nodes' group is the one docs/cluster.md's step 5 creates with its rules, named by
+    id in every node type, so that Ray's launcher uses it as it is; the rules of a
+    `security_group` section would not be what runs. tests/unit/test_aws_security_group.py
+    runs both through Ray's own bootstrap."""
+    config = load(AWS)
+    assert "security_group" not in config["provider"]
+    for name, node_type in config["available_node_types"].items():
+        node_config = node_type["node_config"]
+        assert node_config["SecurityGroupIds"] == ["sg-REPLACE-WITH-YOUR-GROUP-ID"], name
+        assert "NetworkInterfaces" not in node_config, name
+        assert "LaunchTemplate" not in node_config, name
+    assert "sg-REPLACE-WITH-YOUR-GROUP-ID" in DOCS.read_text()
 
 
 @pytest.mark.parametrize("name", sorted(FILES))

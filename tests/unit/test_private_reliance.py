@@ -73,3 +73,26 @@ def test_the_searcher_and_study_modules_touch_no_private_attribute_of_ray_or_opt
             and any(part.startswith("_") for part in node.module.split("."))
         ]
         assert private == [] and modules == []
+
+
+def test_ray_up_resolves_an_aws_cluster_file_through_one_private_function():
+    """Reason: tests/unit/test_aws_security_group.py runs what `ray up` runs on
+    cluster/aws.yaml before launching anything, through Ray 2.60's _bootstrap_config (no
+    public function resolves a cluster file), and empties the lru_caches in which Ray's AWS
+    code keeps boto3 clients and subnet look-ups, so that no test reuses another's."""
+    import inspect
+
+    from ray.autoscaler._private import commands
+    from ray.autoscaler._private.aws import config, utils
+    from ray.autoscaler._private.aws.node_provider import AWSNodeProvider
+
+    assert list(inspect.signature(commands._bootstrap_config).parameters) == [
+        "config",
+        "no_config_cache",
+    ]
+    assert "_bootstrap_config(config, no_config_cache=no_config_cache)" in inspect.getsource(
+        commands.create_or_update_cluster
+    )
+    assert "bootstrap_aws(cluster_config)" in inspect.getsource(AWSNodeProvider.bootstrap_config)
+    for cached in (utils.resource_cache, utils.client_cache, config._get_subnets_or_die):
+        assert callable(cached.cache_clear)
