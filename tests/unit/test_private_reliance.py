@@ -96,3 +96,36 @@ def test_ray_up_resolves_an_aws_cluster_file_through_one_private_function():
     assert "bootstrap_aws(cluster_config)" in inspect.getsource(AWSNodeProvider.bootstrap_config)
     for cached in (utils.resource_cache, utils.client_cache, config._get_subnets_or_die):
         assert callable(cached.cache_clear)
+
+
+def test_a_changed_head_node_config_means_a_new_head():
+    """Reason: docs/cluster.md and cluster/aws.yaml warn that changing the head's node_config
+    makes the next `ray up` launch a new head (whose disk lacks the old sqlite stores): Ray
+    2.60's get_or_create_head_node hashes the head's node_config with `auth`
+    (hash_launch_conf) and relaunches when the running head's tag differs."""
+    import inspect
+
+    from ray.autoscaler._private import commands
+    from ray.autoscaler._private.util import hash_launch_conf
+    from ray.autoscaler.tags import TAG_RAY_LAUNCH_CONFIG, TAG_RAY_USER_NODE_TYPE
+
+    auth = {"ssh_user": "ubuntu"}
+    running = {"InstanceType": "m5.2xlarge", "ImageId": "ami-1"}
+
+    class Provider:
+        @staticmethod
+        def node_tags(node_id):
+            return {
+                TAG_RAY_LAUNCH_CONFIG: hash_launch_conf(running, auth),
+                TAG_RAY_USER_NODE_TYPE: "ray.head.cpu",
+            }
+
+    def new_head(node_config):
+        launch_hash = hash_launch_conf(node_config, auth)
+        return commands._should_create_new_head("i-1", launch_hash, "ray.head.cpu", Provider())
+
+    assert not new_head(dict(running))
+    assert new_head(running | {"InstanceType": "m5.4xlarge"})
+    source = inspect.getsource(commands.get_or_create_head_node)
+    assert 'hash_launch_conf(head_node_config, config["auth"])' in source
+    assert "provider.terminate_node(head_node)" in source
