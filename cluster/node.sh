@@ -8,29 +8,47 @@
 #   node.sh setup TORCH_INDEX_URL [PACKAGE ...]
 #       ~/venv (activated by ~/.bashrc, with RAY_AUTH_MODE=token), torch from TORCH_INDEX_URL
 #       (the one setting of the torch build: https://download.pytorch.org/whl/cu128, .../cpu,
-#       ...) at constraints.txt's version, then raypeft, Ray and the offline assets, then any
-#       extra PACKAGEs (boto3 on the AWS head). Idempotent: a second `ray up` re-runs it.
+#       ...) at constraints.txt's version, then raypeft (with the production stores' drivers,
+#       psycopg and boto3), Ray and the offline assets, then any extra PACKAGEs. Idempotent:
+#       a second `ray up` re-runs it.
 #   node.sh ray start --head [RAY START OPTION ...]
 #   node.sh ray start [RAY START OPTION ...]
 #       Stops this node's Ray (`ray stop`: the ssh user's Ray processes), then starts the head,
 #       or a worker joining $RAY_HEAD_IP (set by the launcher), with token authentication, the
 #       node's address and the ports below; the options given are passed on (the head's
 #       --autoscaling-config).
-#   node.sh mlflow server ARTIFACTS_DESTINATION
+#   node.sh mlflow server [ARTIFACTS_DESTINATION]
 #       The MLflow tracking server on the head, in the background, bound to the head's
-#       address: a sqlite store in ~/raypeft-state, artefacts in ARTIFACTS_DESTINATION (a
-#       folder on the head, or s3://...). It replaces the server a previous `ray up` started
-#       and stops by itself when this node's Ray stops (`ray down`). Fails, showing its log,
-#       when it does not answer in 60 s.
+#       loopback (only the Tune driver, on the head, writes to it; you reach it through an
+#       SSH tunnel): its store $MLFLOW_BACKEND_STORE_URI (default: sqlite in
+#       ~/raypeft-state), artefacts in ARTIFACTS_DESTINATION, else
+#       $MLFLOW_ARTIFACTS_DESTINATION (s3://...), else ~/raypeft-state/mlartifacts. It replaces the
+#       server a previous `ray up` started and stops by itself when this node's Ray stops
+#       (`ray down`). Fails, showing its log, when it does not answer in 60 s.
 #
-# The node's address (what Ray and MLflow bind) is the address the launcher reached it at
-# over SSH (the server side of $SSH_CONNECTION): provider.head_ip / worker_ips on your own
-# machines, the private address on EC2 (the public one is NAT, never seen by the instance).
+# The cluster's stores: ~/.raypeft/cluster.env (shipped from your laptop by the launcher's
+# file mounts, cluster/cluster.env.example shows it) is read by every command here, so every
+# Ray process of every node, the job drivers and the trials included, has it in its
+# environment: where the MLflow server keeps runs and artefacts, the Optuna study's database
+# (RAYPEFT_SEARCH_STORAGE), Ray Tune's storage (RAYPEFT_STORAGE_PATH), the S3 endpoint and
+# credentials where there is no instance profile. Empty: sqlite on the head's disk.
+#
+# The node's address (what Ray binds) is the address the launcher reached it at over SSH
+# (the server side of $SSH_CONNECTION): provider.head_ip / worker_ips on your own machines,
+# the private address on EC2 (the public one is NAT, never seen by the instance).
 # RAYPEFT_NODE_IP overrides it. Ports, with Ray's and MLflow's defaults (override them in the
 # node's environment, e.g. ~/.bashrc, where another Ray already uses them):
 #   RAYPEFT_GCS_PORT=6379 RAYPEFT_DASHBOARD_PORT=8265 RAYPEFT_CLIENT_PORT=10001
 #   RAYPEFT_AGENT_PORT=52365 RAYPEFT_MLFLOW_PORT=5000
 set -euo pipefail
+
+CLUSTER_ENV=~/.raypeft/cluster.env
+if [ -f "$CLUSTER_ENV" ]; then
+  set -a # every assignment in it exported
+  # shellcheck source=/dev/null
+  . "$CLUSTER_ENV"
+  set +a
+fi
 
 REPO=~/raypeft
 STATE=~/raypeft-state
@@ -97,6 +115,8 @@ ray_start() {
   ulimit -n 65536 || true
   export RAY_AUTH_MODE=token # GCS, dashboard and job API accept only callers with the token
   if [[ " $* " == *" --head "* ]]; then
+    # The job drivers (raypeft tune) record into the head's MLflow server by default.
+    export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-http://127.0.0.1:$MLFLOW_PORT}
     # The dashboard and job API on the head's loopback only: `ray dashboard CLUSTER.yaml`
     # tunnels to it.
     ray start "$@" --node-ip-address="$ip" --port="$GCS_PORT" \
@@ -112,14 +132,16 @@ ray_start() {
 # The server's process group, led by this script (`node.sh mlflow serve`): it ends the server
 # when this node's Ray is gone (`ray down`, or the `ray stop` of the next `ray up`).
 mlflow_serve() {
-  local ip=$1 destination=$2
+  local destination=$1
   echo $$ > "$STATE/mlflow.pid"
-  # --allowed-hosts: the Host headers MLflow answers (its DNS-rebinding guard): the head's
-  # address (the Tune driver, any cluster member) and loopback names (an SSH tunnel's
-  # localhost:PORT). MLflow's default admits only private (RFC 1918) addresses and localhost.
-  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false mlflow server --host "$ip" --port "$MLFLOW_PORT" \
-    --allowed-hosts "$ip:$MLFLOW_PORT,localhost:*,127.0.0.1:*" \
-    --workers 2 --backend-store-uri "sqlite:///$STATE/mlflow.db" \
+  # The store's URI (it may hold a password) reaches the server through its environment,
+  # never its command line. --allowed-hosts: the Host headers MLflow answers (its
+  # DNS-rebinding guard): loopback names, as the driver and an SSH tunnel's localhost:PORT
+  # send them.
+  MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false \
+    MLFLOW_BACKEND_STORE_URI=${MLFLOW_BACKEND_STORE_URI:-sqlite:///$STATE/mlflow.db} \
+    mlflow server --host 127.0.0.1 --port "$MLFLOW_PORT" \
+    --allowed-hosts "localhost:*,127.0.0.1:*" --workers 2 \
     --serve-artifacts --artifacts-destination "$destination" &
   local server=$!
   while kill -0 "$server" 2> /dev/null && pgrep -u "$(id -u)" -x gcs_server > /dev/null; do
@@ -130,11 +152,10 @@ mlflow_serve() {
 }
 
 mlflow_start() {
-  local destination=$1 ip
-  ip=$(node_ip)
+  local destination=${1:-${MLFLOW_ARTIFACTS_DESTINATION:-$STATE/mlartifacts}}
+  local url="http://127.0.0.1:$MLFLOW_PORT"
   mkdir -p "$STATE"
-  echo "$ip" > "$STATE/head_ip"
-  echo "http://$ip:$MLFLOW_PORT" > "$STATE/tracking_uri"
+  echo "$url" > "$STATE/tracking_uri"
   if [ -f "$STATE/mlflow.pid" ]; then
     local old
     old=$(cat "$STATE/mlflow.pid")
@@ -144,10 +165,10 @@ mlflow_start() {
     fi
   fi
   # nohup + setsid: neither `ray up`'s SSH session nor this script waits for it.
-  nohup setsid bash "$0" mlflow serve "$ip" "$destination" >> "$STATE/mlflow.log" 2>&1 < /dev/null &
+  nohup setsid bash "$0" mlflow serve "$destination" >> "$STATE/mlflow.log" 2>&1 < /dev/null &
   for _ in $(seq 60); do
-    if curl -sf "http://$ip:$MLFLOW_PORT/health" > /dev/null; then
-      echo "MLflow: http://$ip:$MLFLOW_PORT"
+    if curl -sf "$url/health" > /dev/null; then
+      echo "MLflow: $url on the head (ssh -L $MLFLOW_PORT:127.0.0.1:$MLFLOW_PORT to reach it)"
       return 0
     fi
     sleep 1
@@ -163,7 +184,7 @@ case "${1:-} ${2:-}" in
   "mlflow serve") shift 2; mlflow_serve "$@" ;;
   *)
     echo "usage: node.sh setup TORCH_INDEX_URL [PACKAGE ...] | ray start [--head] [OPTION ...]" \
-      "| mlflow server ARTIFACTS_DESTINATION" >&2
+      "| mlflow server [ARTIFACTS_DESTINATION]" >&2
     exit 2
     ;;
 esac

@@ -73,13 +73,18 @@ def cli_env() -> dict[str, str]:
 
 
 def run_cli(
-    args: list[str], cwd: Path, timeout: int = 600, stdin: str | None = None
+    args: list[str],
+    cwd: Path,
+    timeout: int = 600,
+    stdin: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """The ``raypeft`` console script in a subprocess, offline, with ``stdin`` as its input."""
+    """The ``raypeft`` console script in a subprocess, offline, with ``stdin`` as its input
+    and ``env`` added to :func:`cli_env`."""
     return subprocess.run(
         [RAYPEFT, *args],
         cwd=cwd,
-        env=cli_env(),
+        env={**cli_env(), **(env or {})},
         input=stdin,
         capture_output=True,
         text=True,

@@ -284,8 +284,8 @@ class SearchConfig(StrictModel):
     )
     storage: str | None = Field(
         None,
-        description="Optuna RDB storage URL (default: optuna.db next to the MLflow sqlite "
-        "store, else in the working directory)",
+        description="Optuna RDB storage URL (default: $RAYPEFT_SEARCH_STORAGE, else "
+        "optuna.db next to the MLflow sqlite store, else in the working directory)",
     )
     study_name: str | None = Field(
         None,
@@ -507,7 +507,7 @@ class RunConfig(StrictModel):
     storage_path: str | None = Field(
         None,
         description="Ray results and checkpoints: a local folder or a URI shared by every "
-        "node (s3://bucket/path) (default: ~/ray_results)",
+        "node (s3://bucket/path) (default: $RAYPEFT_STORAGE_PATH, else ~/ray_results)",
     )
     max_failures: int = Field(
         2,

@@ -358,7 +358,9 @@ def open_records(prep: Prepared, opts: SearchOptions) -> Records:
         experiment_id, parent_run_id, name = _take_up(client, interrupted, opts.say)
     else:
         experiment_id, parent_run_id, name = _start_parent(client, prep, study, opts.source)
-    tracker = MLflowTrialCallback(client, experiment_id, parent_run_id, cfg, prep.dims)
+    tracker = MLflowTrialCallback(
+        client, experiment_id, parent_run_id, cfg, prep.dims, storage=storage_path(cfg)
+    )
     if interrupted:
         tracker.adopt_existing_runs()  # its trials continue their own runs
     # the task's dataset inputs (the parent now, each trial as it starts), the UI's view

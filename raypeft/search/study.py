@@ -98,8 +98,17 @@ def directions(modes: list[str]) -> list[str]:
     return ["maximize" if m == "max" else "minimize" for m in modes]
 
 
+# A cluster names its shared study database once, in every node's environment
+# (cluster/node.sh sources ~/.raypeft/cluster.env), so that a search submitted as a Ray job
+# uses it without a flag to remember.
+STORAGE_ENV = "RAYPEFT_SEARCH_STORAGE"
+
+
 def default_storage(tracking_uri: str) -> str:
-    """``optuna.db`` beside a local sqlite MLflow store; else in the working directory."""
+    """``$RAYPEFT_SEARCH_STORAGE`` if set; else ``optuna.db`` beside a local sqlite MLflow
+    store; else in the working directory."""
+    if os.environ.get(STORAGE_ENV):
+        return os.environ[STORAGE_ENV]
     store = sqlite_file(tracking_uri)
     if store is not None:
         return f"sqlite:///{store.parent / 'optuna.db'}"

@@ -167,9 +167,16 @@ def use_ray_train(cfg: ExperimentConfig) -> bool:
     return runner == "ray_train"
 
 
+# A cluster's shared storage, named once in every node's environment (see STORAGE_ENV in
+# raypeft.search.study): a search submitted as a Ray job checkpoints there without a flag.
+STORAGE_PATH_ENV = "RAYPEFT_STORAGE_PATH"
+
+
 def storage_path(cfg: ExperimentConfig) -> str:
-    """Where Ray keeps results: a URI (s3://...) as given, a local path made absolute."""
-    path = cfg.run.storage_path or "~/ray_results"  # Ray's own default
+    """Where Ray keeps results: ``run.storage_path``, else ``$RAYPEFT_STORAGE_PATH``, else
+    Ray's own default ``~/ray_results``; a URI (s3://...) as given, a local path made
+    absolute."""
+    path = cfg.run.storage_path or os.environ.get(STORAGE_PATH_ENV) or "~/ray_results"
     if "://" in path:
         return path
     return str(Path(path).expanduser().resolve())

@@ -17,7 +17,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
-from pyarrow.fs import LocalFileSystem
+from pyarrow.fs import FileSystem, LocalFileSystem
 from ray.train import Checkpoint
 from ray.tune import Callback
 from ray.tune.experiment import Trial
@@ -135,15 +135,29 @@ def new_step(result: dict[str, Any], logged: dict[str, int], trial_id: str) -> i
     return step
 
 
-def checkpoint_dir(tune_checkpoint, train_checkpoint_path: str | None) -> Path | None:
+def train_checkpoint(path: str, storage: str | None) -> Checkpoint:
+    """A Ray Train checkpoint from the path Ray reports for it (``checkpoint_path``): a path
+    within the run's storage filesystem, which for remote storage carries no scheme
+    (``bucket/ray_results/...`` on S3), so the filesystem comes from the search's
+    ``storage`` URI."""
+    if storage and "://" in storage and "://" not in path:
+        filesystem, _ = FileSystem.from_uri(storage)
+        return Checkpoint(path, filesystem=filesystem)
+    return Checkpoint(path)
+
+
+def checkpoint_dir(
+    tune_checkpoint, train_checkpoint_path: str | None, storage: str | None = None
+) -> Path | None:
     """Local folder of a trial's latest (= best) checkpoint, either runner.
 
     In-process trials report Tune checkpoints; Ray Train trials report their checkpoint's
-    storage path as the ``checkpoint_path`` metric of the result that carried it.
+    storage path as the ``checkpoint_path`` metric of the result that carried it (a path in
+    ``storage``, the search's ``run.storage_path``).
     """
     checkpoint = tune_checkpoint
     if checkpoint is None and train_checkpoint_path:
-        checkpoint = Checkpoint(train_checkpoint_path)
+        checkpoint = train_checkpoint(train_checkpoint_path, storage)
     if checkpoint is None:
         return None
     if isinstance(checkpoint.filesystem, LocalFileSystem):
@@ -161,8 +175,10 @@ class MLflowTrialCallback(Callback):
         parent_run_id: str,
         base: ExperimentConfig,
         dims: BackboneDims,
+        storage: str | None = None,
     ):
         self.client = client
+        self.storage = storage  # run.storage_path as resolved: where Ray Train checkpoints
         self.experiment_id = experiment_id
         self.parent_run_id = parent_run_id
         self.base = base
@@ -180,7 +196,9 @@ class MLflowTrialCallback(Callback):
         that one is damaged or incomplete (a node lost while Tune deleted it), the newest
         intact one beside it: each holds the best model up to its step."""
         folder = checkpoint_dir(
-            self.tune_checkpoints.get(trial_id), self.train_checkpoints.get(trial_id)
+            self.tune_checkpoints.get(trial_id),
+            self.train_checkpoints.get(trial_id),
+            getattr(self, "storage", None),  # a callback pickled before it had one: local
         )
         if folder is None:
             return None

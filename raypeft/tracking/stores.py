@@ -55,6 +55,8 @@ def check_stores(cfg: ExperimentConfig) -> None:
         check_tracking_uri(uri, "tracking.uri" if cfg.tracking.uri else "MLFLOW_TRACKING_URI")
     if cfg.search.storage:
         check_optuna_storage(cfg.search.storage, "search.storage")
+    elif os.environ.get("RAYPEFT_SEARCH_STORAGE"):  # the cluster's default (search/study.py)
+        check_optuna_storage(os.environ["RAYPEFT_SEARCH_STORAGE"], "RAYPEFT_SEARCH_STORAGE")
 
 
 def check_optuna_storage(url: str, key: str) -> None:

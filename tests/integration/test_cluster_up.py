@@ -1,28 +1,36 @@
-"""`ray up cluster/local.yaml` for real: Ray's launcher over SSH to this machine.
+"""`ray up cluster/local.yaml` for real: a head and two workers, each a host of its own, with
+the production stores (PostgreSQL, an S3 API).
 
-The "cluster" is this machine seen through an OpenSSH server (Debian's) listening on
-127.0.0.2 only, with a key pair made here. The node is an unprivileged Unix user created for
-the test (``raypeft-node``): the node commands run ``ray stop``, which stops every Ray process
-its user may signal, so as that user it cannot touch any other Ray on the machine (checked
-before the first ``ray up``). The launcher runs here as the "laptop", with a home of its own
-(its Ray token) and a copy of the repository as its checkout.
+The machines: three hosts on this machine (tests/cluster_hosts.py): 127.0.0.2 the head,
+127.0.0.3 and 127.0.0.4 the workers, each with its own OpenSSH server, its own uid and home
+under the one login name the launcher uses, its own /tmp and /dev/shm, and its own PID
+namespace, so that the `ray stop` that cluster/node.sh runs on one host cannot see another's
+processes. Everything stays on 127.0.0.0/8. The "laptop" is this test: it runs `ray up -y`
+with a home of its own (its Ray token, ~/.raypeft/cluster.env) and a copy of the repository
+as its checkout.
 
-The cluster file is cluster/local.yaml with this machine's addresses, user and key filled in
-and the torch build set to CPU; every node command is the shipped one (cluster/node.sh, the
-same script cluster/aws.yaml runs). The node's pip is pointed at a folder of wheels (made
-once from this venv's packages and kept in /var/tmp, as pip keeps its cache), so the node's
-venv is built offline. The node's ports are moved off Ray's and MLflow's defaults through
-its environment (another Ray may use them here).
+The stores (tests/servers.py): a PostgreSQL server (the team's RDS) holds MLflow's backend
+store and the Optuna study, moto's S3 API server (the team's bucket) holds `run.storage_path`
+and MLflow's artefacts, both on 127.0.0.1. The cluster learns of them the documented way:
+~/.raypeft/cluster.env, shipped by the launcher's file mounts and read by cluster/node.sh.
 
-Teardown stops what the test started by process id (the sshd, the tunnel, and whatever the
-node's user still runs), and removes the user with its home (the node's venv).
+The cluster file is cluster/local.yaml with these addresses, user and key, the CPU torch
+build, and CPU counts that make the workers the only place trials fit (head 0, workers 1
+each); every node command is the shipped one. The hosts' pip installs from a folder of
+wheels made once from this venv's packages (the shared wheel cache: three installs, no
+download). Teardown ends each host (its namespace's init ends every process in it) and
+the servers, by process id.
+
+What each assertion catches is said beside it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import math
 import os
-import pwd
+import re
 import shutil
 import signal
 import socket
@@ -34,43 +42,47 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import boto3
+import optuna
 import psutil
 import pytest
 import yaml
 from filelock import FileLock
 from mlflow.tracking import MlflowClient
 
-from raypeft.tracking.tags import ROLE_SEARCH, ROLE_TAG
-from tests.helpers import TINY_SEARCH_BASE, children
+from tests.cluster_hosts import LOGIN, SSH_OPTIONS, Host, start_host, why_hosts_cannot_run
+from tests.helpers import TINY_SEARCH_BASE, assert_each_step_once, children, run_cli
+from tests.servers import postgres_server, s3_server
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-HEAD = "127.0.0.2"  # Ray takes 127.0.0.1 for "this machine" and binds its outward address
-USER = "raypeft-node"
-HOME = Path("/home") / USER
-PORTS = {  # off Ray's defaults and its worker port range (10002-19999)
+ADDRESSES = {"head": "127.0.0.2", "w1": "127.0.0.3", "w2": "127.0.0.4"}
+SPARE = "127.0.0.5"  # a host that is not in the cluster file: the token checks join it by hand
+UIDS = {"head": 20002, "w1": 20003, "w2": 20004, "spare": 20005}
+PORTS = {  # off Ray's and MLflow's defaults (another Ray may use them on this machine)
     "RAYPEFT_GCS_PORT": 26379,
     "RAYPEFT_DASHBOARD_PORT": 28265,
     "RAYPEFT_CLIENT_PORT": 30001,
-    "RAYPEFT_AGENT_PORT": 22365,
     "RAYPEFT_MLFLOW_PORT": 25000,
 }
+AGENT_PORTS = {"head": 22365, "w1": 22366, "w2": 22367}  # one per host: they share loopback
+GCS = f"{ADDRESSES['head']}:{PORTS['RAYPEFT_GCS_PORT']}"
 DASHBOARD = f"http://127.0.0.1:{PORTS['RAYPEFT_DASHBOARD_PORT']}"
 WHEELS = Path("/var/tmp/raypeft-node-wheels")
-SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-SSH_OPTIONS += ["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
+BUCKET = "raypeft-team"
+INSIDE = Path("/home") / LOGIN  # every host's home, as the host sees it
 EXPERIMENT = "cluster-tiny"
-
-
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "creating the node's Unix user needs root"
-    for tool in ("/usr/sbin/sshd", "rsync", "ssh", "ssh-keygen", "useradd", "git"):
-        if not shutil.which(tool):
-            return f"{tool} is not installed (apt-get install openssh-server rsync)"
-    return None
+# Trials long enough that both run at once (a short trial ends before the other worker's
+# actor is ready, and Tune hands the pending trial the free actor on the same node).
+PLACED = {"max_steps": 600, "eval_every": 200}
+# As tests/integration/test_ddp.py: no backbone dropout, so one worker and two DDP workers
+# train the same model up to summation order.
+DDP_TRAIN = {"max_steps": 40, "eval_every": 10, "batch_size": 8, "head_lr": 0.01}
+DDP_TRAIN["backbone_dropout"] = 0
+DDP_METRICS = ("train_loss", "val_loss", "val_accuracy", "val_macro_f1")
+LOST = {"max_steps": 3000, "eval_every": 100}  # a trial that outlives a killed node
 
 
 def run(args, timeout=600, check=True, **kwargs) -> subprocess.CompletedProcess:
@@ -83,7 +95,7 @@ def run(args, timeout=600, check=True, **kwargs) -> subprocess.CompletedProcess:
 
 
 def node_wheels() -> Path:
-    """Every package of this venv as a wheel, for the node's offline pip: made once per set."""
+    """Every package of this venv as a wheel, for the hosts' offline pip: made once per set."""
     freeze = run([BIN / "pip", "freeze", "--exclude-editable"]).stdout
     folder = WHEELS / hashlib.sha256(freeze.encode()).hexdigest()[:12]
     WHEELS.mkdir(mode=0o755, exist_ok=True)
@@ -103,19 +115,55 @@ def node_wheels() -> Path:
 
 
 @dataclass
+class Stores:
+    """The team's stores: PostgreSQL (MLflow's and Optuna's databases) and an S3 bucket."""
+
+    mlflow_db: str
+    optuna_db: str
+    s3_env: dict
+
+    def s3(self):
+        return boto3.client("s3", **_boto_args(self.s3_env))
+
+    def objects(self, prefix: str) -> dict[str, str]:
+        """Key -> ETag (the MD5 of a single-part upload) of every object under ``prefix``."""
+        found, pages = {}, self.s3().get_paginator("list_objects_v2")
+        for page in pages.paginate(Bucket=BUCKET, Prefix=prefix):
+            found.update({o["Key"]: o["ETag"] for o in page.get("Contents", [])})
+        return found
+
+    def mlflow(self) -> MlflowClient:
+        """MLflow's store read directly in PostgreSQL (not through the head's server)."""
+        return MlflowClient(tracking_uri=self.mlflow_db)
+
+
+def _boto_args(env: dict) -> dict:
+    return {
+        "endpoint_url": env["AWS_ENDPOINT_URL"],
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+        "region_name": env["AWS_DEFAULT_REGION"],
+    }
+
+
+@dataclass
 class Cluster:
     work: Path
     checkout: Path  # the laptop's repository (a copy: the test ships a change from it)
     config: Path  # the generated cluster file
     env: dict  # the laptop's environment: its home, the token, the launcher's temp dir
     key: Path
-    uid: int
+    hosts: dict[str, Host]
+    stores: Stores
+    wheels: Path
     timings: dict = field(default_factory=dict)
 
-    def ray(self, *args, timeout=900) -> subprocess.CompletedProcess:
+    def ray(self, *args, timeout=900, check=True) -> subprocess.CompletedProcess:
         started = time.monotonic()
-        proc = run([BIN / "ray", *args], timeout=timeout, cwd=self.checkout, env=self.env)
-        self.timings.setdefault(" ".join(args[:1]), []).append(time.monotonic() - started)
+        proc = run(
+            [BIN / "ray", *args], timeout=timeout, cwd=self.checkout, env=self.env, check=check
+        )
+        self.timings.setdefault(" ".join(args[:1]), []).append(round(time.monotonic() - started))
         return proc
 
     def up(self) -> None:
@@ -124,133 +172,93 @@ class Cluster:
     def down(self) -> None:
         self.ray("down", "-y", self.config)
 
-    def ssh(self, command: str, check=True, timeout=300) -> subprocess.CompletedProcess:
-        """A command on the node, in a login shell as the launcher runs its commands."""
-        return run(
-            ["ssh", "-i", self.key, *SSH_OPTIONS, f"{USER}@{HEAD}"]
-            + [f"bash --login -c -i {shlex_quote('source ~/.bashrc; ' + command)}"],
-            check=check,
-            timeout=timeout,
-        )
+    def alive_nodes(self) -> dict[str, str]:
+        """Node id -> address of every ALIVE node, from Ray's state API on the head."""
+        out = self.ray("list", "nodes", "--address", DASHBOARD, "--format", "json").stdout
+        nodes = json.loads(out[out.index("[") :])
+        return {n["node_id"]: n["node_ip"] for n in nodes if n["state"] == "ALIVE"}
 
-    def node_processes(self) -> list[psutil.Process]:
-        """The node user's live processes (zombies not yet reaped by their parent excepted)."""
-        return [
-            p
-            for p in psutil.process_iter(["uids", "cmdline", "status"])
-            if p.info["uids"].real == self.uid and p.info["status"] != psutil.STATUS_ZOMBIE
-        ]
+    def wait_for_nodes(self, count: int, timeout: float = 600) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        while len(nodes := self.alive_nodes()) != count:
+            assert time.monotonic() < deadline, f"{len(nodes)} of {count} nodes: {nodes}"
+            time.sleep(3)
+        return nodes
 
-    def submit(self, *tune_args: str, wait: bool = True) -> subprocess.CompletedProcess:
-        args = ["job", "submit", "--address", DASHBOARD]
-        args += [] if wait else ["--no-wait"]
-        args += ["--", "raypeft", "tune", "--space", f"{HOME}/raypeft/cluster-test/tiny.yaml"]
-        args += [
-            "--address",
-            "auto",
-            "--tracking-uri",
-            f"http://{HEAD}:{PORTS['RAYPEFT_MLFLOW_PORT']}",
-        ]
-        args += ["--set", f"run.storage_path={HOME}/raypeft-state/ray_results"]
-        args += ["--set", f"search.storage=sqlite:///{HOME}/raypeft-state/optuna.db", "--quiet"]
-        return self.ray(*args, *tune_args)
+    def submit(self, space: str, *tune_args: str, wait: bool = True):
+        """A search submitted as a Ray job, naming no store: the cluster's are the defaults."""
+        args = ["job", "submit", "--address", DASHBOARD] + ([] if wait else ["--no-wait"])
+        args += ["--", "raypeft", "tune", "--space", f"{INSIDE}/raypeft/cluster-test/{space}"]
+        return self.ray(*args, "--address", "auto", "--quiet", *tune_args)
 
 
-def shlex_quote(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
-
-
-def tiny_experiment(**search) -> dict:
+def experiment(name: str, train: dict, **sections) -> dict:
     return {
-        "name": EXPERIMENT,
+        "name": name,
         **TINY_SEARCH_BASE,
-        "space": {
-            "method.lr_prompt": {"grid": [0.3, 0.5]},
-            "method.prompt_length": {"choice": [2, 4]},
-        },
-        "search": {"num_samples": 2, "scheduler": {"type": "asha", "grace_period": 1}, **search},
+        "train": {**TINY_SEARCH_BASE["train"], **train},
+        **sections,
     }
 
 
-def _make_user(work: Path) -> int:
-    if _user_exists():
-        _remove_user()
-    run(["useradd", "--create-home", "--shell", "/bin/bash", USER])
-    run(["usermod", "-p", "*", USER])  # no password, but not locked: sshd lets the key in
-    entry = pwd.getpwnam(USER)
-    return entry.pw_uid
+SPACES = {
+    # two trials at once, one CPU each: only the workers have CPUs
+    "placed.yaml": experiment(
+        EXPERIMENT,
+        PLACED,
+        space={"method.lr_prompt": {"grid": [0.3, 0.5]}},
+        search={"num_samples": 2, "max_concurrent": 2, "scheduler": {"type": "none"}},
+    ),
+    # one trial, two Ray Train workers (gloo), one CPU each
+    "ddp.yaml": experiment(
+        "cluster-ddp",
+        DDP_TRAIN,
+        space={"method.lr_prompt": {"grid": [0.3]}, "method.lr_lowrank": {"grid": [1.0e-3]}},
+        search={"num_samples": 1, "scheduler": {"type": "none"}},
+        resources={"trial_runner": "ray_train", "workers_per_trial": 2},
+    ),
+    # one long trial that loses its node
+    "lost.yaml": experiment(
+        "cluster-lost",
+        LOST,
+        space={"method.lr_prompt": {"grid": [0.3]}},
+        search={"num_samples": 1, "scheduler": {"type": "none"}},
+        run={"max_failures": 2},
+    ),
+    # two long trials, one at a time: a search the next `ray up` must let continue
+    "resumed.yaml": experiment(
+        "cluster-resumed",
+        {"max_steps": 400, "eval_every": 40},
+        space={"method.lr_prompt": {"grid": [0.3, 0.5]}},
+        search={"num_samples": 2, "max_concurrent": 1, "scheduler": {"type": "none"}},
+    ),
+}
 
 
-def _user_exists() -> bool:
-    try:
-        pwd.getpwnam(USER)
-        return True
-    except KeyError:
-        return False
+# ----------------------------------------------------------------------------- set-up
 
 
-def _remove_user() -> None:
-    uid = pwd.getpwnam(USER).pw_uid
-    left = [p for p in psutil.process_iter(["uids"]) if p.info["uids"].real == uid]
-    assert not left, f"processes of {USER} from an earlier run: {[p.pid for p in left]}"
-    run(["userdel", "--remove", USER], check=False)
-    shutil.rmtree(HOME, ignore_errors=True)
-
-
-def _as_node(path: Path, text: str, mode=0o644) -> None:
+def _write_as(host: Host, relative: str, text: str, mode=0o644) -> Path:
+    path = host.home / relative
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     path.chmod(mode)
-    shutil.chown(path.parent, USER, USER)
-    shutil.chown(path, USER, USER)
+    for part in [path, *path.relative_to(host.home).parents]:
+        os.chown(host.home / part, host.uid, host.uid)
+    return path
 
 
-def _machine(work: Path, uid: int, wheels: Path) -> None:
-    """The node machine: the test's key may log in; pip installs from the wheel folder; Ray
-    keeps its temp files and ports apart from any other Ray here."""
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", work / "id"])
-    _as_node(HOME / ".ssh" / "authorized_keys", (work / "id.pub").read_text(), 0o600)
-    (HOME / ".ssh").chmod(0o700)
-    _as_node(
-        HOME / ".config" / "pip" / "pip.conf", f"[global]\nno-index = true\nfind-links = {wheels}\n"
-    )
-    runtime = work / "rt"
-    runtime.mkdir()
-    shutil.chown(runtime, USER, USER)
-    exports = " ".join(f"{k}={v}" for k, v in PORTS.items())
-    with (HOME / ".bashrc").open("a") as bashrc:
-        bashrc.write(f"export RAY_TMPDIR={runtime} {exports}\n")
+def _prepare(host: Host, wheels: Path, agent_port: int | None) -> None:
+    """What the host's owner set up before the first `ray up`: pip's wheel folder (this
+    machine has no package index) and the ports Ray cannot choose by itself."""
+    _write_as(host, ".config/pip/pip.conf", f"[global]\nno-index = true\nfind-links = {wheels}\n")
+    ports = dict(PORTS, RAYPEFT_AGENT_PORT=agent_port) if agent_port else PORTS
+    _write_as(host, ".bashrc", "export " + " ".join(f"{k}={v}" for k, v in ports.items()) + "\n")
 
 
-def _start_sshd(work: Path) -> subprocess.Popen:
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", work / "host_key"])
-    (work / "sshd_config").write_text(
-        f"ListenAddress {HEAD}:22\nHostKey {work / 'host_key'}\nPidFile none\n"
-        f"AllowUsers {USER}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
-        "PubkeyAuthentication yes\nUsePAM no\nPermitRootLogin no\n"
-    )
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege separation dir
-    sshd = subprocess.Popen(
-        ["/usr/sbin/sshd", "-D", "-e", "-f", str(work / "sshd_config")],
-        stdout=open(work / "sshd.log", "w"),  # noqa: SIM115 - the child owns it
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and sshd.poll() is None:
-        with socket.socket() as sock:
-            if sock.connect_ex((HEAD, 22)) == 0:
-                return sshd
-        time.sleep(0.2)
-    sshd.kill()
-    pytest.skip(f"sshd cannot run here: {(work / 'sshd.log').read_text()[-300:].strip()}")
-
-
-def _laptop(work: Path) -> tuple[Path, dict]:
+def _laptop(work: Path, stores: Stores) -> tuple[Path, dict]:
     home = work / "laptop"
-    home.mkdir()
+    (home / ".raypeft").mkdir(parents=True)
     checkout = work / "checkout"
     files = run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO).stdout.split("\n")
     for name in filter(None, files):
@@ -258,8 +266,20 @@ def _laptop(work: Path) -> tuple[Path, dict]:
             (checkout / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, checkout / name)
     (checkout / "cluster-test").mkdir()
-    (checkout / "cluster-test" / "tiny.yaml").write_text(yaml.safe_dump(tiny_experiment()))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_"))}
+    for name, space in SPACES.items():
+        (checkout / "cluster-test" / name).write_text(yaml.safe_dump(space))
+    # the documented production stores (cluster/cluster.env.example)
+    cluster_env = {
+        "MLFLOW_BACKEND_STORE_URI": stores.mlflow_db,
+        "MLFLOW_ARTIFACTS_DESTINATION": f"s3://{BUCKET}/mlflow-artifacts",
+        "RAYPEFT_SEARCH_STORAGE": stores.optuna_db,
+        "RAYPEFT_STORAGE_PATH": f"s3://{BUCKET}/ray_results",
+        **stores.s3_env,
+    }
+    env_file = home / ".raypeft" / "cluster.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in cluster_env.items()))
+    env_file.chmod(0o600)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_", "AWS_"))}
     env.update(HOME=str(home), RAY_TMPDIR=str(work / "launcher"), RAY_AUTH_MODE="token")
     env.update(PATH=f"{BIN}:{env['PATH']}", RAY_USAGE_STATS_ENABLED="0")
     (work / "launcher").mkdir()
@@ -267,63 +287,71 @@ def _laptop(work: Path) -> tuple[Path, dict]:
     return checkout, env
 
 
-def _cluster_file(work: Path) -> Path:
-    """cluster/local.yaml with this machine's address, user and key, and the CPU torch build."""
+def _cluster_file(work: Path, key: Path) -> Path:
+    """cluster/local.yaml with the hosts' addresses, the login and key, the CPU torch build,
+    and the CPUs each node offers Ray."""
     config = yaml.safe_load((REPO / "cluster" / "local.yaml").read_text())
     config["cluster_name"] = f"raypeft-test-{os.getpid()}"
-    config["provider"].update(head_ip=HEAD, worker_ips=[])
-    config["auth"] = {"ssh_user": USER, "ssh_private_key": str(work / "id")}
+    config["provider"].update(
+        head_ip=ADDRESSES["head"], worker_ips=[ADDRESSES["w1"], ADDRESSES["w2"]]
+    )
+    config["auth"] = {"ssh_user": LOGIN, "ssh_private_key": str(key)}
     (setup,) = config["setup_commands"]
     assert setup.endswith(" https://download.pytorch.org/whl/cu128"), setup
     config["setup_commands"] = [setup.replace("/whl/cu128", "/whl/cpu")]
+    head_ray, mlflow = config["head_start_ray_commands"]
+    config["head_start_ray_commands"] = [head_ray + " --num-cpus=0", mlflow]
+    (worker_ray,) = config["worker_start_ray_commands"]
+    config["worker_start_ray_commands"] = [worker_ray + " --num-cpus=1"]
     path = work / "cluster.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
 
 
-def _stop(procs: list[psutil.Process]) -> list[psutil.Process]:
-    for proc in procs:
-        try:
-            proc.send_signal(signal.SIGTERM)
-        except psutil.NoSuchProcess:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=15)
-    for proc in alive:
-        try:
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    return psutil.wait_procs(alive, timeout=10)[1]
-
-
 @pytest.fixture(scope="module")
 def cluster():
-    why = _why_not()
+    why = why_hosts_cannot_run()
     if why:
         pytest.skip(why)
-    # one such cluster per machine at a time: the user, the address and the ports are fixed
+    # one such cluster per machine at a time: the addresses, uids and ports are fixed
     with FileLock("/tmp/raypeft-cluster-up.lock"):
-        work = Path(tempfile.mkdtemp(prefix="rpc-", dir="/tmp"))  # short: Ray's socket paths
+        work = Path(tempfile.mkdtemp(prefix="rpc-", dir="/var/tmp"))
         work.chmod(0o755)
-        sshd, up, env, timings = None, False, None, {}
-        uid = _make_user(work)
+        hosts: dict[str, Host] = {}
+        env, timings = None, {}
         try:
-            started = time.monotonic()
-            wheels = node_wheels()
-            timings["wheel folder"] = [time.monotonic() - started]
-            _machine(work, uid, wheels)
-            sshd = _start_sshd(work)
-            checkout, env = _laptop(work)
-            cluster = Cluster(work, checkout, _cluster_file(work), env, work / "id", uid, timings)
-            # the node's user cannot signal another user's process (here: pid 1, root's), so
-            # the node's `ray stop` cannot reach any Ray it did not start
-            denied = cluster.ssh("kill -0 1", check=False)
-            assert denied.returncode != 0 and "Operation not permitted" in denied.stderr
-            up = True
-            cluster.up()
-            yield cluster
+            with postgres_server(work) as pg, s3_server(work) as s3:
+                s3.create_bucket(BUCKET)
+                stores = Stores(
+                    pg.create_database("mlflow"), pg.create_database("optuna"), dict(s3.env)
+                )
+                started = time.monotonic()
+                wheels = node_wheels()
+                timings["wheel folder"] = [round(time.monotonic() - started)]
+                run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", work / "id"])
+                public = (work / "id.pub").read_text()
+                for name, address in ADDRESSES.items():
+                    hosts[name] = start_host(name, address, work / name, UIDS[name], public)
+                    _prepare(hosts[name], wheels, AGENT_PORTS[name])
+                checkout, env = _laptop(work, stores)
+                cluster = Cluster(
+                    work,
+                    checkout,
+                    _cluster_file(work, work / "id"),
+                    env,
+                    work / "id",
+                    hosts,
+                    stores,
+                    wheels,
+                    timings,
+                )
+                cluster.up()
+                started = time.monotonic()
+                cluster.wait_for_nodes(3)
+                timings["workers joined after up"] = [round(time.monotonic() - started)]
+                yield cluster
         finally:
-            if up:
+            if env is not None:
                 subprocess.run(
                     [BIN / "ray", "down", "-y", work / "cluster.yaml"],
                     cwd=work,
@@ -331,227 +359,421 @@ def cluster():
                     capture_output=True,
                     timeout=300,
                 )
-            left = _stop([p for p in psutil.process_iter(["uids"]) if p.info["uids"].real == uid])
-            if sshd is not None:
-                sshd.terminate()
-                sshd.wait(timeout=30)
-            _remove_user()
+            for host in hosts.values():
+                host.end()
+            left = {name: host.processes() for name, host in hosts.items()}
             shutil.rmtree(work, ignore_errors=True)
             print(f"cluster timings (s): {timings}")
-        assert not left, f"processes of the node survived teardown: {left}"
+        assert not any(left.values()), f"processes survived their host: {left}"
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def listening(cluster: Cluster) -> dict[int, set[str]]:
-    """Port -> the addresses the node's processes listen on it (IPv4-mapped shown as IPv4)."""
-    pids = {p.pid for p in cluster.node_processes()}
-    found: dict[int, set[str]] = {}
+def role(proc: psutil.Process) -> str:
+    """What a process of a cluster host is, in the words of docs/security.md's table."""
+    try:
+        name, command = proc.name(), " ".join(proc.cmdline())
+        lineage = " ".join(" ".join(p.cmdline()) for p in [proc, *proc.parents()])
+    except psutil.NoSuchProcess:
+        return "gone"
+    if name in ("gcs_server", "raylet") or name.startswith("sshd"):
+        return name.split(":")[0]
+    if "mlflow" in lineage:  # the server and the workers it spawns
+        return "mlflow server"
+    for marker, label in (
+        ("DashboardAgent", "dashboard agent"),
+        ("dashboard/agent.py", "dashboard agent"),
+        ("RuntimeEnvAgent", "runtime env agent"),
+        ("runtime_env/agent/main.py", "runtime env agent"),
+        ("dashboard/dashboard.py", "dashboard"),
+        ("ray-dashboard-", "dashboard"),
+        ("ray.util.client.server", "ray client server"),
+        ("monitor.py", "autoscaler"),
+        ("log_monitor.py", "log monitor"),
+        ("ray::", "ray worker"),
+        ("default_worker.py", "ray worker"),
+    ):
+        if marker in name or marker in command:
+            return label
+    return name
+
+
+def listening(host: Host) -> set[tuple[str, str]]:
+    """(role, address kind) of every listening TCP socket of the host's processes: address
+    kind is ``loopback`` (127.0.0.1), ``node`` (the host's own address) or ``wildcard``."""
+    pids = {p.pid: p for p in host.processes()}
+    found = set()
     for conn in psutil.net_connections(kind="tcp"):
-        if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
-            found.setdefault(conn.laddr.port, set()).add(conn.laddr.ip.removeprefix("::ffff:"))
+        if conn.status != psutil.CONN_LISTEN or conn.pid not in pids:
+            continue
+        ip = conn.laddr.ip.removeprefix("::ffff:")
+        kind = {"127.0.0.1": "loopback", host.address: "node", "0.0.0.0": "wildcard"}.get(ip)
+        kind = kind or ("wildcard" if ip == "::" else ip)
+        if role(pids[conn.pid]) != "sshd":
+            found.add((role(pids[conn.pid]), kind))
     return found
 
 
-def process(cluster: Cluster, name: str) -> psutil.Process:
-    (proc,) = [p for p in cluster.node_processes() if p.name() == name]
-    return proc
+def socket_table() -> dict[tuple[str, str], set[str]]:
+    """docs/security.md's table of a cluster's sockets: (role, address kind) -> node kinds."""
+    text = (REPO / "docs" / "security.md").read_text()
+    section = text.split("## Every socket of a cluster", 1)[1].split("\n## ", 1)[0]
+    table = {}
+    for line in section.splitlines():
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 4 and cells[0] not in ("process", "---") and not cells[0].startswith("-"):
+            table[(cells[0], cells[2])] = {n.strip() for n in cells[1].split(",")}
+    return table
 
 
-def environment(proc: psutil.Process) -> dict[str, str]:
-    return proc.environ()
+def trial_histories(client: MlflowClient, run_id: str) -> dict[str, list[tuple[int, float]]]:
+    return {
+        name: sorted((m.step, m.value) for m in client.get_metric_history(run_id, name))
+        for name in DDP_METRICS
+    }
 
 
-class Tunnel:
-    """`ssh -N -L PORT:HEAD:MLFLOW_PORT`: the route docs/cluster.md gives to the head's MLflow."""
-
-    def __init__(self, cluster: Cluster):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        forward = f"{self.port}:{HEAD}:{PORTS['RAYPEFT_MLFLOW_PORT']}"
-        self.proc = subprocess.Popen(
-            ["ssh", "-i", str(cluster.key), *SSH_OPTIONS, "-N", "-L", forward, f"{USER}@{HEAD}"],
-            start_new_session=True,
-        )
-        self.url = f"http://localhost:{self.port}"
-        deadline = time.monotonic() + 30
-        while not self._answers():
-            assert time.monotonic() < deadline and self.proc.poll() is None, "tunnel not up"
-            time.sleep(0.3)
-
-    def _answers(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=3) as response:
-                return response.status == 200
-        except OSError:
-            return False
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+def the_search(client: MlflowClient, name: str):
+    """The newest search's parent run of experiment ``name`` and its trial runs."""
+    experiment_ = client.get_experiment_by_name(name)
+    parents = client.search_runs(
+        [experiment_.experiment_id],
+        "tags.`raypeft.role` = 'experiment'",
+        order_by=["attributes.start_time DESC"],
+    )
+    parent = parents[0]
+    return parent, children(client, experiment_.experiment_id, parent.info.run_id)
 
 
-def raypeft_cli(args: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_TRACKING")}
-    env.update(kwargs.pop("env", {}), HF_HUB_OFFLINE="1", MLFLOW_DISABLE_TELEMETRY="true")
-    return run([BIN / "raypeft", *args], check=False, cwd=cwd, env=env, **kwargs)
+def host_of(cluster: Cluster, node_id: str) -> str:
+    ip = cluster.alive_nodes()[node_id]
+    return next(name for name, address in ADDRESSES.items() if address == ip)
 
 
 # ----------------------------------------------------------------------------- tests
 
 
-def test_the_running_head_is_secured_as_documented(cluster):
-    """Asserted on the processes `ray up` started, not on the cluster file."""
-    ports = listening(cluster)
-    gcs, dashboard = PORTS["RAYPEFT_GCS_PORT"], PORTS["RAYPEFT_DASHBOARD_PORT"]
-    client, mlflow = PORTS["RAYPEFT_CLIENT_PORT"], PORTS["RAYPEFT_MLFLOW_PORT"]
-    assert ports[dashboard] == {"127.0.0.1"}, ports  # the dashboard and job API: loopback
-    assert ports[mlflow] == {HEAD}, ports  # MLflow: the head's address, never 0.0.0.0
-    assert ports[client] <= {"127.0.0.1", HEAD}, ports  # Ray client: not a wildcard
-    # Ray 2.60's GCS (and raylet, agents) listen on every interface whatever
-    # --node-ip-address says, unless it is 127.0.0.1; token authentication guards them, and
-    # on AWS the security group. docs/cluster.md says so: if this changes, update it.
-    assert ports[gcs] in ({"::"}, {"0.0.0.0"}), ports
-    # token authentication: the mode every Ray process of the node started with
-    for name in ("gcs_server", "raylet"):
-        assert environment(process(cluster, name)).get("RAY_AUTH_MODE") == "token", name
-    dash = next(
-        p
-        for p in cluster.node_processes()
-        if "dashboard/dashboard.py" in " ".join(p.info["cmdline"] or [])
+def test_workers_join_through_the_launcher_and_each_host_sees_only_itself(cluster):
+    nodes = cluster.wait_for_nodes(3)
+    # `ray status`'s count (the autoscaler's view) agrees with the state API's: three nodes
+    status = cluster.hosts["head"].ssh(cluster.key, "ray status")
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert re.search(r"Active:\n\s*3 local\.cluster\.node\n", status.stdout), status.stdout
+    # catches: CPUs on the head (trials would land there) or a worker's CPUs not its own 1
+    assert re.search(r"\s0\.0/2\.0 CPU\n", status.stdout), status.stdout
+    # catches: a worker that joined with another node's address, or a node counted twice
+    assert sorted(nodes.values()) == sorted(ADDRESSES.values()), nodes
+    for name in ("w1", "w2"):
+        host = cluster.hosts[name]
+        # catches: worker_start_ray_commands not run (or run on the wrong host): the raylet
+        # of this host was started by node.sh joining the head's GCS at its own address
+        (raylet,) = host.named("raylet")
+        command = raylet.cmdline()
+        assert f"--node_ip_address={host.address}" in command, command
+        assert any(a.endswith(f"-address={GCS}") for a in command), command
+        assert raylet.environ().get("RAY_AUTH_MODE") == "token"  # catches: joined without auth
+        assert not host.named("gcs_server")  # catches: a worker that started a head of its own
+        # catches: the workers' file mounts not shipped (the repository, the token, the stores)
+        assert (host.home / "raypeft" / "cluster" / "node.sh").is_file()
+        laptop = Path(cluster.env["HOME"])
+        assert (host.home / ".ray" / "auth_token").read_text() == (
+            laptop / ".ray" / "auth_token"
+        ).read_text()
+        assert (host.home / ".raypeft" / "cluster.env").read_text() == (
+            laptop / ".raypeft" / "cluster.env"
+        ).read_text()
+        # catches: setup_commands not run on the worker (its own venv, raypeft in it)
+        assert (host.home / "venv" / "bin" / "raypeft").is_file()
+    # catches: hosts that share a process namespace: on w1, `ps` sees w1's processes only,
+    # and as many as this machine sees in w1's namespace
+    seen = cluster.hosts["w1"].ssh(cluster.key, "ps -e -o comm=").stdout.split()
+    assert seen.count("raylet") == 1 and "gcs_server" not in seen, seen
+
+
+def test_a_node_joins_only_with_the_clusters_token(cluster, tmp_path):
+    """`ray start` on a spare host, as node.sh would run it, with a wrong token and with
+    none (refused, saying why) and, as the positive control, with the cluster's token
+    (joins; then stopped on that host alone)."""
+    spare = start_host(
+        "spare", SPARE, cluster.work / "spare", UIDS["spare"], (cluster.work / "id.pub").read_text()
     )
-    assert "--host=127.0.0.1" in dash.info["cmdline"]
-    # the node ran `ray start` with the address it was reached at
-    assert f"--node-ip-address={HEAD}" in process(cluster, "gcs_server").cmdline()
-
-    # a node without the token cannot join: `ray start` as the node would, with a wrong
-    # token, then with none (on the node's machine, in a temp dir of its own)
-    address = f"{HEAD}:{gcs}"
-    for env in ("RAY_AUTH_MODE=token RAY_AUTH_TOKEN=not-the-token", "RAY_AUTH_MODE=disabled"):
-        proc = cluster.ssh(
-            f"{env} RAY_TMPDIR=$(mktemp -d) timeout 120 ray start --address={address} "
-            f"--node-ip-address={HEAD} --dashboard-agent-listen-port=0 --disable-usage-stats",
-            check=False,
-        )
-        assert proc.returncode != 0, proc.stdout[-2000:]
-    nodes = cluster.ssh("ray list nodes --format yaml --filter state=ALIVE").stdout
-    assert nodes.count("node_id:") == 1, nodes  # the head alone
-
-
-def test_a_search_submitted_as_a_job_reaches_the_heads_mlflow(cluster, tmp_path):
-    proc = cluster.submit()
-    assert "Search finished" in proc.stdout and "succeeded" in proc.stdout, proc.stdout[-3000:]
-
-    tunnel = Tunnel(cluster)
     try:
-        client = MlflowClient(tracking_uri=tunnel.url)
-        experiment = client.get_experiment_by_name(EXPERIMENT)
-        (parent,) = client.search_runs(
-            [experiment.experiment_id], "tags.`raypeft.role` = 'experiment'"
+        token = (Path(cluster.env["HOME"]) / ".ray" / "auth_token").read_text().strip()
+        join = (
+            f"timeout 90 {BIN}/ray start --address={GCS} --node-ip-address={SPARE} "
+            "--num-cpus=0 --dashboard-agent-listen-port=22368 --disable-usage-stats"
         )
-        assert parent.info.status == "FINISHED"
-        kids = children(client, experiment.experiment_id, parent.info.run_id)
-        assert len(kids) == 2 and all(k.info.status == "FINISHED" for k in kids)
-        champion = client.get_model_version_by_alias(EXPERIMENT, "champion")
-        assert champion.run_id == parent.data.tags["raypeft.best_run_id"] or champion.run_id
-
-        # the laptop's raypeft through the tunnel: report, predict; ui says to open the
-        # server itself, whose UI answers through the tunnel
-        report = raypeft_cli(
-            [
-                "report",
-                EXPERIMENT,
-                "--tracking-uri",
-                tunnel.url,
-                "--out",
-                tmp_path / "report",
-                "--no-log",
-            ],
-            tmp_path,
-        )
-        assert report.returncode == 0, report.stderr[-3000:]
-        assert list((tmp_path / "report").iterdir())
-        predict = raypeft_cli(
-            ["predict", "--model", f"models:/{EXPERIMENT}@champion"],
-            tmp_path,
-            env={"MLFLOW_TRACKING_URI": tunnel.url},
-            input="what a great day\n",
-        )
-        assert predict.returncode == 0, predict.stderr[-3000:]
-        assert len(predict.stdout.strip().splitlines()) == 1
-        ui = raypeft_cli(["ui", EXPERIMENT, "--tracking-uri", tunnel.url], tmp_path)
-        assert ui.returncode == 2 and "open it in a browser" in ui.stderr
-        with urllib.request.urlopen(f"{tunnel.url}/", timeout=30) as page:
-            assert page.status == 200 and b"MLflow" in page.read()
+        refused = {
+            "a wrong token": f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN=not-the-token {join}",
+            "no token": f"RAY_AUTH_MODE=disabled {join}",
+        }
+        for why, command in refused.items():
+            proc = spare.ssh(cluster.key, command)
+            output = proc.stdout + proc.stderr
+            # catches: a join that hangs until the timeout (124) passing for a refusal
+            assert proc.returncode not in (0, 124), (why, proc.returncode, output[-2000:])
+            assert re.search(
+                r"(?i)unauthenticated|auth.*token|token.*(invalid|mismatch)", output
+            ), (
+                why,
+                output[-2000:],
+            )
+            assert len(cluster.alive_nodes()) == 3, why  # catches: a refused node counted
+        joined = spare.ssh(cluster.key, f"RAY_AUTH_MODE=token RAY_AUTH_TOKEN={token} {join}")
+        assert joined.returncode == 0, joined.stdout[-2000:] + joined.stderr[-2000:]
+        assert SPARE in cluster.wait_for_nodes(4).values()  # the control: the token joins
+        # `ray stop` on the spare host stops its node alone (its own namespace)
+        assert spare.ssh(cluster.key, f"{BIN}/ray stop").returncode == 0
+        assert sorted(cluster.wait_for_nodes(3).values()) == sorted(ADDRESSES.values())
     finally:
-        tunnel.close()
+        spare.end()
 
 
-def searches(client: MlflowClient) -> list:
-    """Every search's parent run in the head's MLflow store, newest first."""
-    experiment = client.get_experiment_by_name(EXPERIMENT)
-    if experiment is None:
-        return []
-    return client.search_runs(
-        [experiment.experiment_id],
-        f"tags.`{ROLE_TAG}` = '{ROLE_SEARCH}'",
-        order_by=["attributes.start_time DESC"],
-    )
+def test_a_search_submitted_as_a_job_places_trials_on_both_workers(cluster):
+    proc = cluster.submit("placed.yaml")
+    assert "Search finished" in proc.stdout and "succeeded" in proc.stdout, proc.stdout[-3000:]
+    client = cluster.stores.mlflow()  # read in PostgreSQL itself, not through the server
+    parent, kids = the_search(client, EXPERIMENT)
+    assert parent.info.status == "FINISHED" and len(kids) == 2
+    assert all(k.info.status == "FINISHED" for k in kids)
+    # catches: trials placed on one node (or on the head): each ran on its own worker
+    where = {host_of(cluster, k.data.tags["raypeft.worker_node_id"]) for k in kids}
+    assert where == {"w1", "w2"}, where
+    # catches: a champion that is not the search's chosen trial
+    champion = client.get_model_version_by_alias(EXPERIMENT, "champion")
+    assert champion.run_id == parent.data.tags["raypeft.best_run_id"]
+    # the stores: the study in PostgreSQL, checkpoints and artefacts in the bucket
+    study = optuna.load_study(study_name=EXPERIMENT, storage=cluster.stores.optuna_db)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert any("/checkpoint_" in key for key in cluster.stores.objects("ray_results/"))
+    artefacts = cluster.stores.objects("mlflow-artifacts/")
+    for kid in kids:  # catches: artefacts written to the head's disk instead of S3
+        assert any(kid.info.run_id in key and key.endswith(".safetensors") for key in artefacts)
+    for host in cluster.hosts.values():  # catches: a store left on a node's own disk
+        assert not (host.home / "ray_results").exists()
+        state = host.home / "raypeft-state"
+        assert not (state / "mlflow.db").exists() and not (state / "mlartifacts").exists()
+        assert not list(host.home.rglob("optuna.db"))
 
 
-def a_trial_reported(client: MlflowClient, parent) -> bool:
-    """Whether a trial of the search ``parent`` has logged a validation accuracy."""
-    trials = children(client, parent.info.experiment_id, parent.info.run_id)
-    return any("val_accuracy" in t.data.metrics for t in trials)
+def test_a_ddp_trial_trains_across_both_workers_as_one_node_does(cluster, tmp_path):
+    proc = cluster.submit("ddp.yaml")
+    assert "Search finished" in proc.stdout, proc.stdout[-3000:]
+    client = cluster.stores.mlflow()
+    _, (kid,) = the_search(client, "cluster-ddp")
+    # catches: both DDP workers on one node: Ray's state API names each worker actor's node
+    out = cluster.ray(
+        "list", "actors", "--address", DASHBOARD, "--format", "json", "--detail", "--limit", "1000"
+    ).stdout
+    actors = [a for a in json.loads(out[out.index("[") :]) if a["class_name"] == "RayTrainWorker"]
+    assert len(actors) == 2, actors
+    assert {host_of_any(cluster, a["node_id"]) for a in actors} == {"w1", "w2"}
+
+    # the same trial on one node here, trained inside its Tune trial (tests/test_ddp.py)
+    local = dict(SPACES["ddp.yaml"], resources={})
+    (tmp_path / "one.yaml").write_text(yaml.safe_dump(local))
+    one = run_cli(["tune", "--space", str(tmp_path / "one.yaml"), "--quiet"], cwd=tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    here = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    _, (reference,) = the_search(here, "cluster-ddp")
+    a, b = trial_histories(here, reference.info.run_id), trial_histories(client, kid.info.run_id)
+    for name in DDP_METRICS:  # catches: a DDP across nodes that does not average gradients
+        assert [s for s, _ in a[name]] == [10, 20, 30, 40] == [s for s, _ in b[name]], name
+        for (step, x), (_, y) in zip(a[name], b[name], strict=True):
+            assert math.isclose(x, y, rel_tol=1e-3, abs_tol=1e-4), (name, step, x, y)
 
 
-def test_nothing_is_lost_across_ray_down_and_ray_up(cluster):
-    """A search stopped by `ray down` continues with --resume after the next `ray up`, which
-    ships a code change and keeps the head's MLflow store, artefacts and Optuna study."""
-    state = HOME / "raypeft-state"
-    before = sorted(p.name for p in (state / "mlartifacts").rglob("*") if p.is_file())
-    longer = ["--set", "search.num_samples=2", "--set", "train.max_steps=200"]
-    longer += ["--set", "train.eval_every=20", "--set", "search.scheduler.type=none"]
-    db = state / "mlflow.db"
-    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
-    known = len(searches(client))
-    cluster.submit(*longer, wait=False)
+def host_of_any(cluster: Cluster, node_id: str) -> str:
+    """The host of a node, dead or alive (Ray's state API keeps dead nodes)."""
+    out = cluster.ray("list", "nodes", "--address", DASHBOARD, "--format", "json").stdout
+    (node,) = [n for n in json.loads(out[out.index("[") :]) if n["node_id"] == node_id]
+    return next(name for name, address in ADDRESSES.items() if address == node["node_ip"])
 
-    # Wait for this search's own trial to report: the earlier search's parent also holds
-    # val_accuracy (its best trial's), so counting runs with that metric is not enough.
+
+def test_every_listening_socket_is_in_the_security_table(cluster):
+    table = socket_table()
+    seen = {}
+    for name, host in cluster.hosts.items():
+        kind = "head" if name == "head" else "worker"
+        for found in listening(host):
+            seen.setdefault(found, set()).add(kind)
+            # catches: a socket nobody documented, or one on a wider address than documented
+            assert found in table and kind in table[found], (name, found, sorted(table))
+    # catches: MLflow or the dashboard on anything but the head's loopback
+    assert ("mlflow server", "loopback") in seen and not {
+        k for k in seen if k[0] in ("mlflow server", "dashboard") and k[1] != "loopback"
+    }, seen
+    # catches: a stale table: every documented row is seen on a running cluster
+    assert set(table) <= set(seen), sorted(set(table) - set(seen))
+    for host in cluster.hosts.values():  # catches: a process bound outside 127.0.0.0/8
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.pid in {p.pid for p in host.processes()} and conn.raddr:
+                assert conn.raddr.ip.removeprefix("::ffff:").startswith("127."), conn
+
+
+def test_a_worker_lost_mid_trial_resumes_from_its_checkpoint_on_the_other(cluster):
+    cluster.submit("lost.yaml", wait=False)
+    client = cluster.stores.mlflow()
     deadline = time.monotonic() + 600
-    while len(newest := searches(client)) == known or not a_trial_reported(client, newest[0]):
-        assert time.monotonic() < deadline, "the second search never reported"
-        time.sleep(0.5)
-    status = client.get_run(newest[0].info.run_id).info.status
-    assert status == "RUNNING", f"the second search ended ({status}) before ray down"
+    while True:  # wait for the trial's second checkpoint (its evaluation at step 200)
+        assert time.monotonic() < deadline, "the trial never reported"
+        try:
+            _, kids = the_search(client, "cluster-lost")
+        except (AttributeError, IndexError):  # the experiment or its parent is not there yet
+            kids = []
+        steps = [
+            m.step for k in kids for m in client.get_metric_history(k.info.run_id, "val_accuracy")
+        ]
+        if kids and max(steps, default=0) >= 2 * LOST["eval_every"]:
+            break
+        time.sleep(1)
+    (kid,) = kids
+    lost = host_of(cluster, kid.data.tags["raypeft.worker_node_id"])
+    survivor = {"w1": "w2", "w2": "w1"}[lost]
+    # the node is lost: every Ray process of the host, by pid (SIGKILL: no goodbye)
+    ray_processes = cluster.hosts[lost].user_processes()
+    assert any(p.name() == "raylet" for p in ray_processes)
+    for proc in ray_processes:
+        proc.send_signal(signal.SIGKILL)
+    psutil.wait_procs(ray_processes, timeout=30)
+
+    deadline = time.monotonic() + 900
+    while client.get_run(kid.info.run_id).info.status == "RUNNING":
+        assert time.monotonic() < deadline, "the trial never finished after its node was lost"
+        time.sleep(3)
+    run_ = client.get_run(kid.info.run_id)
+    assert run_.info.status == "FINISHED"
+    # catches: a restart from scratch (or no restart): it continued from a checkpoint
+    assert int(run_.data.tags["raypeft.resumed_from_step"]) >= 2 * LOST["eval_every"]
+    # catches: a restart on the lost node (or the head): it moved to the other worker
+    assert host_of_any(cluster, run_.data.tags["raypeft.worker_node_id"]) == survivor
+    # catches: evaluations lost or logged twice across the restart
+    assert_each_step_once(client, kid.info.run_id, LOST["max_steps"], LOST["eval_every"])
+    parent, _ = the_search(client, "cluster-lost")
+    deadline = time.monotonic() + 300
+    while client.get_run(parent.info.run_id).info.status == "RUNNING":
+        assert time.monotonic() < deadline
+        time.sleep(2)
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+    # the lost worker is set up and joined again by the head's autoscaler
+    cluster.wait_for_nodes(3, timeout=600)
+
+
+def snapshot(cluster: Cluster) -> dict:
+    """What must survive: every run (id, status, metrics), every artefact's digest, every
+    Optuna trial's state, read in the stores themselves."""
+    client = cluster.stores.mlflow()
+    runs = {}
+    for exp in client.search_experiments():
+        for r in client.search_runs([exp.experiment_id], max_results=1000):
+            runs[r.info.run_id] = (r.info.status, r.data.metrics)
+    trials = {}
+    for summary in optuna.get_all_study_summaries(cluster.stores.optuna_db):
+        study = optuna.load_study(study_name=summary.study_name, storage=cluster.stores.optuna_db)
+        trials[summary.study_name] = [(t.number, t.state.name, t.values) for t in study.trials]
+    return {
+        "runs": runs,
+        "artefacts": cluster.stores.objects("mlflow-artifacts/"),
+        "trials": trials,
+    }
+
+
+def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cluster):
+    """`ray down`, then `ray up` onto a head that is a new machine (an empty disk at the same
+    address: what a changed head node_config gets on a cloud) with a code change: every run,
+    artefact and trial is still there, and `--resume` finishes the interrupted search."""
+    client = cluster.stores.mlflow()
+    cluster.submit("resumed.yaml", wait=False)
+    deadline = time.monotonic() + 600
+    while True:
+        assert time.monotonic() < deadline, "the search never reported"
+        try:
+            parent, kids = the_search(client, "cluster-resumed")
+        except (AttributeError, IndexError):
+            kids = []
+        if any("val_accuracy" in k.data.metrics for k in kids):
+            break
+        time.sleep(1)
+    assert client.get_run(parent.info.run_id).info.status == "RUNNING"
 
     cluster.down()
-
-    def left_running() -> list[str]:
-        commands = [" ".join(p.info["cmdline"] or [])[:120] for p in cluster.node_processes()]
-        return [c for c in commands if "sshd" not in c]
-
-    # `ray down` returns before every process has exited: wait for them, not a fixed time
-    deadline = time.monotonic() + 120
-    while (left := left_running()) and time.monotonic() < deadline:
-        time.sleep(1)
-    assert not left, f"ray down left these running: {left}"
-
+    before = snapshot(cluster)
+    old = cluster.hosts["head"]
+    old.end()
+    assert not old.processes()  # catches: a head process outliving its machine
+    cluster.hosts["head"] = start_host(
+        "head",
+        ADDRESSES["head"],
+        cluster.work / "head-2",
+        UIDS["head"],
+        (cluster.work / "id.pub").read_text(),
+    )
+    _prepare(cluster.hosts["head"], cluster.wheels, AGENT_PORTS["head"])
     shipped = cluster.checkout / "cluster-test" / "shipped.txt"
     shipped.write_text("a code change\n")
     cluster.up()
-    assert (HOME / "raypeft" / "cluster-test" / "shipped.txt").read_text() == "a code change\n"
-    after = sorted(p.name for p in (state / "mlartifacts").rglob("*") if p.is_file())
-    assert set(before) <= set(after)
-    assert (state / "optuna.db").exists()
+    assert (cluster.hosts["head"].home / "raypeft" / "cluster-test" / "shipped.txt").is_file()
+    after = snapshot(cluster)
+    # catches: anything that lived on the old head's disk: run ids, statuses and metrics,
+    # artefact digests and trial states are exactly as before
+    assert after == before
 
-    proc = cluster.submit(*longer, "--resume")
+    proc = cluster.submit("resumed.yaml", "--resume")
     assert "Search finished" in proc.stdout, proc.stdout[-3000:]
-    experiment = client.get_experiment_by_name(EXPERIMENT)
-    parents = client.search_runs([experiment.experiment_id], "tags.`raypeft.role` = 'experiment'")
-    assert len(parents) == 2 and all(p.info.status == "FINISHED" for p in parents)
-    resumed = max(parents, key=lambda p: p.info.start_time)
-    assert len(children(client, experiment.experiment_id, resumed.info.run_id)) == 2
+    resumed, kids = the_search(client, "cluster-resumed")
+    # catches: a new search instead of the interrupted one continued
+    assert resumed.info.run_id == parent.info.run_id
+    assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+    assert len(kids) == 2 and all(k.info.status == "FINISHED" for k in kids)
+    for kid in kids:
+        assert_each_step_once(client, kid.info.run_id, 400, 40)
+    study = optuna.load_study(study_name="cluster-resumed", storage=cluster.stores.optuna_db)
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    # every artefact of before is still there, unchanged
+    artefacts = cluster.stores.objects("mlflow-artifacts/")
+    assert all(artefacts.get(k) == v for k, v in before["artefacts"].items())
+
+
+def test_the_heads_mlflow_answers_through_an_ssh_tunnel(cluster, tmp_path):
+    """The route docs/cluster.md gives: `ssh -L` to the head's loopback; report and predict
+    from the laptop through it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    forward = f"{port}:127.0.0.1:{PORTS['RAYPEFT_MLFLOW_PORT']}"
+    tunnel = subprocess.Popen(
+        ["ssh", "-i", str(cluster.key), *SSH_OPTIONS, "-N", "-L", forward]
+        + [f"{LOGIN}@{ADDRESSES['head']}"],
+        start_new_session=True,
+    )
+    url = f"http://localhost:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=3) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and tunnel.poll() is None, "tunnel not up"
+            time.sleep(0.3)
+        env = {**cluster.stores.s3_env, "MLFLOW_TRACKING_URI": url}
+        report = run_cli(
+            ["report", EXPERIMENT, "--tracking-uri", url, "--out", str(tmp_path / "r"), "--no-log"],
+            cwd=tmp_path,
+            env=env,
+        )
+        assert report.returncode == 0, report.stderr[-3000:]
+        predict = run_cli(
+            ["predict", "--model", f"models:/{EXPERIMENT}@champion"],
+            cwd=tmp_path,
+            env=env,
+            stdin="what a great day\n",
+        )
+        assert predict.returncode == 0, predict.stderr[-3000:]
+        assert len(predict.stdout.strip().splitlines()) == 1
+    finally:
+        tunnel.terminate()
+        tunnel.wait(timeout=30)

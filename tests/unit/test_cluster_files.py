@@ -68,8 +68,9 @@ def node_script() -> str:
 
 
 def node_calls(config: dict, key: str) -> list[str]:
-    """The arguments of each cluster/node.sh call in one command list (every command is one)."""
-    commands = config.get(key) or []
+    """The arguments of each cluster/node.sh call in one command list (every command is one,
+    perhaps after environment assignments)."""
+    commands = [re.sub(r"^([A-Za-z_][A-Za-z0-9_]*=\S* )+", "", c) for c in config.get(key) or []]
     assert all(c.startswith(NODE_SCRIPT + " ") for c in commands), commands
     return [c[len(NODE_SCRIPT) + 1 :] for c in commands]
 
@@ -191,14 +192,16 @@ def test_both_files_run_the_same_node_commands():
     assert node_calls(aws, "head_setup_commands") == [f"setup {builds['cpu']} boto3"]
     assert node_calls(aws, "worker_setup_commands") == [f"setup {builds['cu128']}"]
     head = "ray start --head --autoscaling-config=~/ray_bootstrap_config.yaml"
-    assert node_calls(aws, "head_start_ray_commands") == [
-        head,
-        "mlflow server s3://REPLACE-BUCKET/mlflow-artifacts",
-    ]
-    assert node_calls(local, "head_start_ray_commands") == [
-        head,
-        "mlflow server ~/raypeft-state/mlartifacts",
-    ]
+    for config in (aws, local):  # the stores come from ~/.raypeft/cluster.env
+        assert node_calls(config, "head_start_ray_commands") == [head, "mlflow server"]
+
+
+def test_the_local_head_runs_the_autoscaler_that_sets_up_every_worker():
+    """Ray 2.60's autoscaler v2 (what `ray up` turns on) counts the local provider's head
+    against its one node type's max_workers and sets up one worker of two;
+    tests/integration/test_cluster_up.py brings up two with v1."""
+    (head, _) = load(LOCAL)["head_start_ray_commands"]
+    assert head.startswith("RAY_enable_autoscaler_v2=0 " + NODE_SCRIPT + " ray start --head")
 
 
 def test_ray_keeps_its_dashboard_on_loopback_and_token_auth_on():
@@ -220,23 +223,40 @@ def test_ray_keeps_its_dashboard_on_loopback_and_token_auth_on():
 def test_mlflow_starts_after_ray_on_the_head_in_the_background():
     for config in (load(AWS), load(LOCAL)):
         ray, mlflow = node_calls(config, "head_start_ray_commands")
-        assert ray.startswith("ray start --head") and mlflow.startswith("mlflow server ")
+        assert ray.startswith("ray start --head") and mlflow == "mlflow server"
     start, serve = script_function("mlflow_start"), script_function("mlflow_serve")
     assert "nohup setsid" in start and re.search(r"&\s*$", start, re.M), "must not block ray up"
     assert '>> "$STATE/mlflow.log"' in start, "logs to a file"
     assert "/health" in start
     assert "MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false" in serve
-    assert '--backend-store-uri "sqlite:///$STATE/mlflow.db"' in serve
+    # the store's URI (perhaps with a password) through the environment, not argv
+    assert (
+        "MLFLOW_BACKEND_STORE_URI=${MLFLOW_BACKEND_STORE_URI:-sqlite:///$STATE/mlflow.db}" in serve
+    )
+    assert "--backend-store-uri" not in serve
     assert "MLFLOW_PORT=${RAYPEFT_MLFLOW_PORT:-5000}" in node_script()
 
 
-def test_mlflow_binds_the_address_the_node_was_reached_at():
+def test_mlflow_binds_the_heads_loopback():
+    """Only the Tune driver, on the head, writes to MLflow; people come through SSH."""
     serve = script_function("mlflow_serve")
-    assert re.findall(r"--host\s+(\S+)", serve) == ['"$ip"']
-    assert 'mlflow_serve "$@"' in node_script() and 'mlflow serve "$ip"' in node_script()
-    assert "ip=$(node_ip)" in script_function("mlflow_start")
-    assert "SSH_CONNECTION" in script_function("node_ip")
-    assert '--allowed-hosts "$ip:$MLFLOW_PORT,' in serve
+    assert re.findall(r"--host\s+(\S+)", serve) == ["127.0.0.1"]
+    assert '--allowed-hosts "localhost:*,127.0.0.1:*"' in serve
+    # the job drivers' default tracking URI is that server
+    assert "MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-http://127.0.0.1:$MLFLOW_PORT}" in (
+        script_function("ray_start")
+    )
+
+
+def test_every_node_command_reads_the_clusters_stores():
+    """~/.raypeft/cluster.env is shipped to every node and read before any node command."""
+    for config in (load(AWS), load(LOCAL)):
+        assert config["file_mounts"]["~/.raypeft/cluster.env"] == "~/.raypeft/cluster.env"
+    script = node_script()
+    assert script.index('. "$CLUSTER_ENV"') < script.index('case "${1:-} ${2:-}" in')
+    example = (REPO / "cluster" / "cluster.env.example").read_text()
+    for key in ("MLFLOW_BACKEND_STORE_URI=postgresql+psycopg://", "RAYPEFT_STORAGE_PATH=s3://"):
+        assert key in example
 
 
 # ----------------------------------------------------------------------------- node types
@@ -297,8 +317,8 @@ def test_aws_cuda_build_is_chosen_in_one_place():
 
 def test_results_go_to_shared_storage_through_run_storage_path():
     assert "storage_path" in RunConfig.model_fields
-    assert "--set run.storage_path=s3://" in DOCS.read_text()
-    assert "run.storage_path=s3://" in AWS.read_text()
+    assert "RAYPEFT_STORAGE_PATH=s3://" in DOCS.read_text()
+    assert "RAYPEFT_STORAGE_PATH=s3://" in (REPO / "cluster" / "cluster.env.example").read_text()
 
 
 # ----------------------------------------------------------------------------- the docs
