@@ -315,3 +315,92 @@ def _answers(endpoint: str) -> bool:
         return True  # any HTTP answer: it serves
     except OSError:
         return False
+
+
+# ----------------------------------------------------------------------------- MLflow
+
+
+@dataclass
+class TrackingServer:
+    """A running ``mlflow server``: its URL and process (the leader of its process group)."""
+
+    url: str  # http://HOST:PORT
+    pid: int
+    start_s: float = 0.0
+
+
+@contextmanager
+def mlflow_server(
+    work: Path,
+    backend_store_uri: str,
+    artifacts_destination: str,
+    env: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+) -> Iterator[TrackingServer]:
+    """``mlflow server`` of this environment for the block, as a cluster's head runs it: the
+    backend store (e.g. a :func:`postgres_server` database), artefacts proxied to
+    ``artifacts_destination`` (e.g. ``s3://bucket/mlflow``, with :attr:`S3.env` in ``env``),
+    one worker, no job runner; its log in ``work/mlflow.log``. Stopped with its workers (its
+    process group) when the block ends."""
+    work.mkdir(parents=True, exist_ok=True)
+    port = free_port(host)
+    url = f"http://{host}:{port}"
+    server_env = dict(os.environ, **(env or {}))
+    server_env.update(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
+    server_env.pop("MLFLOW_TRACKING_URI", None)
+    log = work / "mlflow.log"
+    started = time.monotonic()
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [str(Path(sys.executable).with_name("mlflow")), "server", "--host", host]
+            + ["--port", str(port), "--workers", "1", "--backend-store-uri", backend_store_uri]
+            + ["--artifacts-destination", artifacts_destination],
+            env=server_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # its workers in its own group, stopped together
+        )
+    server = TrackingServer(url, proc.pid)
+    try:
+        _wait_until(lambda: _healthy(url), proc, "mlflow server", log)
+        server.start_s = time.monotonic() - started
+        yield server
+    finally:
+        _stop_group(proc)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group; SIGKILL to what is left of it after
+    :data:`STOP_TIMEOUT_S`."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        proc.poll()  # reaps the leader, which otherwise stays in its group as a zombie
+        if not _group_alive(proc.pid):
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
