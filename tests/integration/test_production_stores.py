@@ -195,7 +195,7 @@ def test_a_search_on_the_database_directly_keeps_its_artefacts_in_s3(stores, tmp
         tracking={"uri": url, "artifact_location": location},
         search={"num_samples": 1, "scheduler": {"type": "none"}, "storage": stores.optuna_url},
     )
-    tuned = _raypeft(stores, ["tune", "--space", str(path), "--quiet"], work)
+    tuned = _raypeft(stores, ["tune", "--space", str(path)], work)  # not quiet: its warnings
     assert "warning" not in tuned.stdout  # artefacts not on one machine's disk
     assert sorted(p.name for p in work.iterdir()) == ["experiment.yaml"]
     ((stored,),) = stores.sql(
