@@ -7,6 +7,7 @@ stays fast.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import sys
@@ -90,6 +91,16 @@ def quiet_libraries() -> None:
     # MLflow's "Downloading artifacts" bars (the summary and predict read models back)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    logging.getLogger("psycopg").addFilter(_recovered_pipeline)
+
+
+def _recovered_pipeline(record: logging.LogRecord) -> bool:
+    """Drop psycopg's warning about a pipeline a failed statement aborted: MLflow's PostgreSQL
+    store catches that failure and recovers (``log_batch`` of metrics it already holds, as
+    linking a run's metrics to its model does), so the warning on stderr reports nothing
+    wrong. Everything else psycopg logs is kept."""
+    message = record.getMessage()
+    return not (message.startswith("error ignored terminating") and "pipeline aborted" in message)
 
 
 def load_and_check(

@@ -52,6 +52,7 @@ def command(files, table_path, replays, seed, concurrency, overrides, tracking_u
     try:
         table = CurveTable.load(table_path)
         searches = [load_experiment(f, list(overrides)) for f in files]
+        store = None if no_log else checked_tracking_uri(tracking_uri)  # before any replay
     except ConfigError as exc:
         fail(str(exc))
     for file, search in zip(files, searches, strict=True):  # all checked before any output
@@ -70,7 +71,7 @@ def command(files, table_path, replays, seed, concurrency, overrides, tracking_u
     for sim in sims:
         click.echo(goal_line(sim))
     folder = (out or _default_out(table)).resolve()
-    write_outputs(sims, table, folder, None if no_log else tracking_uri_of(tracking_uri))
+    write_outputs(sims, table, folder, store)
 
 
 def summary_table(sims) -> str:
@@ -132,10 +133,16 @@ def write_outputs(sims, table, folder: Path, tracking_uri: str | None) -> None:
     click.echo(f"figures and summaries: {folder}")
 
 
-def tracking_uri_of(uri: str | None) -> str:
+def checked_tracking_uri(uri: str | None) -> str:
+    """The store the replays are logged to, once it answers (a server, a database) or its
+    sqlite file's folder exists."""
+    from raypeft.config.redact import redact_uri
     from raypeft.tracking.runs import tracking_uri  # why: MLflow imports slowly
+    from raypeft.tracking.stores import check_tracking_store
 
-    return tracking_uri(uri)
+    resolved = tracking_uri(uri)
+    check_tracking_store(resolved, redact_uri(resolved))
+    return resolved
 
 
 def _labels(files, searches) -> list[str]:

@@ -20,7 +20,12 @@ from raypeft.errors import ConfigError
               help="the search (parent run) to read (default: the newest finished)")  # fmt: skip
 @click.option("--out", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="the table file to write (JSON)")  # fmt: skip
-def command(experiment: str, tracking_uri: str | None, run_id: str | None, out: Path) -> None:
+@click.option("--storage", default=None, metavar="URL",
+              help="the search's Optuna storage (default: its search.storage as logged; give "
+              "it where the database needs a password, which is never logged)")  # fmt: skip
+def command(
+    experiment: str, tracking_uri: str | None, run_id: str | None, out: Path, storage: str | None
+) -> None:
     """Read a finished search of EXPERIMENT over a discrete space (grid or choice keys) back
     from Optuna and MLflow as learning curves: per configuration and seed, the validation
     loss and metric at every evaluation and the trial's wall time at each. Only trials that
@@ -30,7 +35,7 @@ def command(experiment: str, tracking_uri: str | None, run_id: str | None, out: 
     from raypeft.tracking.runs import tracking_uri as default_uri
 
     try:
-        table = read_table(default_uri(tracking_uri), experiment, run_id)
+        table = read_table(default_uri(tracking_uri), experiment, run_id, storage)
     except ConfigError as exc:
         fail(str(exc))
     table.source["command"] = f"raypeft table {experiment} --out {out}"

@@ -99,10 +99,11 @@ def command(
 def _resume_command(
     space_file: Path, overrides: tuple[str, ...], address: str | None, tracking_uri: str | None
 ) -> str:
-    """The command that continues this search: the same file, overrides and stores."""
+    """The command that continues this search: the same file, overrides and stores, with
+    the passwords of their URLs redacted (as everything raypeft prints)."""
     args = ["raypeft", "tune", "--space", str(space_file)]
     for item in overrides:
-        args += ["--set", item]
+        args += ["--set", redact_uri(item)]
     if address:
         args += ["--address", address]
     if tracking_uri:
@@ -170,10 +171,19 @@ def print_summary(s) -> None:
     echo(
         f"MLflow: experiment {s.experiment!r} (id {s.experiment_id}), parent run {s.parent_run_id}"
     )
-    echo(f"  store {redact_uri(s.tracking_uri)}; browse with: raypeft ui {s.experiment}")
+    echo(f"  store {redact_uri(s.tracking_uri)}; {_browse_hint(s)}")
     echo(f"Optuna study {s.optuna_study!r} in {redact_uri(s.optuna_storage)}")
     echo(f"  browse with: optuna-dashboard {redact_uri(s.optuna_storage)}")
     echo(f"Ray results: {redact_uri(s.storage_path)}")
+
+
+def _browse_hint(s) -> str:
+    """How to open the search's runs: a tracking server already serves the UI (``raypeft
+    ui`` refuses one), any other store needs ``raypeft ui``'s server."""
+    uri = s.tracking_uri.rstrip("/")
+    if uri.startswith(("http://", "https://")):
+        return f"open {redact_uri(uri)}/#/experiments/{s.experiment_id}/runs in a browser"
+    return f"browse with: raypeft ui {s.experiment}"
 
 
 def _print_test(test: dict[str, float]) -> None:

@@ -447,8 +447,26 @@ class ResourcesConfig(StrictModel):
         return float(self.gpus_per_worker or (1 if self.use_gpu else 0))
 
 
+# Where MLflow can keep an experiment's artefacts: object stores and file systems every reader
+# of the tracking store can reach (MLflow's artifact repositories; a plain absolute folder too)
+ARTIFACT_SCHEMES = ("s3", "gs", "wasbs", "abfss", "hdfs", "sftp", "file", "mlflow-artifacts")
+
+
 class TrackingConfig(StrictModel):
-    uri: str | None = Field(None, description="MLflow tracking URI (default: sqlite:///mlflow.db)")
+    uri: str | None = Field(
+        None,
+        description="MLflow tracking URI (default: sqlite:///mlflow.db): a sqlite file, a "
+        "database server (postgresql+psycopg://user:password@host:5432/mlflow; postgresql:// "
+        "means the same driver) or a tracking server (http://host:5000)",
+    )
+    artifact_location: str | None = Field(
+        None,
+        description="where an experiment the search creates keeps its artefacts (models, the "
+        "experiment file): a URI every reader reaches (s3://bucket/mlflow) or an absolute "
+        "folder. Default: a tracking server's --artifacts-destination; for a database URI, "
+        "./mlruns where the search starts, on that machine's disk only. An existing "
+        "experiment keeps the location it was created with",
+    )
     experiment: str | None = Field(
         None, min_length=1, description="MLflow experiment name (default: name)"
     )
@@ -481,6 +499,24 @@ class TrackingConfig(StrictModel):
     system_metrics_interval: float = Field(
         10.0, ge=0.5, description="seconds between two system-metric samples of a trial"
     )
+
+    @field_validator("artifact_location")
+    @classmethod
+    def _artifact_uri(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        scheme, sep, rest = value.partition("://")
+        if sep and (scheme.lower() not in ARTIFACT_SCHEMES or not rest.strip("/")):
+            raise ValueError(
+                f"must be a URI of an artifact store ({', '.join(ARTIFACT_SCHEMES)}) with a "
+                f"location after '://', or an absolute folder, but got {value!r}"
+            )
+        if not sep and not Path(value).is_absolute():
+            raise ValueError(
+                "must be a URI (e.g. s3://bucket/mlflow) or an absolute folder (a relative one "
+                f"would depend on where the search starts), but got {value!r}"
+            )
+        return value
 
     @field_validator("register_model")
     @classmethod

@@ -28,7 +28,12 @@ from raypeft.preflight.data import check_task
 from raypeft.preflight.model import check_model, export_note
 from raypeft.preflight.settings import check_method_settings
 from raypeft.search.resources import check_fits, local_nodes, trials_at_once
-from raypeft.tracking.stores import check_stores, check_tracking_store
+from raypeft.tracking.stores import (
+    check_database_answers,
+    check_stores,
+    check_tracking_store,
+    database_server,
+)
 
 STAGES = ("schema", "files and data", "model", "method settings", "stores", "resources")
 
@@ -71,8 +76,11 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
 
 
 def _check_stores(cfg: ExperimentConfig) -> None:
-    """The stores stage: the URIs can be opened, and a tracking server answers."""
+    """The stores stage: the URIs can be opened, and a tracking server or database server
+    answers."""
     check_stores(cfg)
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         check_tracking_store(uri, redact_uri(uri))
+    if cfg.search.storage and database_server(cfg.search.storage):
+        check_database_answers(cfg.search.storage, "search.storage")

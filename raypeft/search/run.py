@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import optuna
 import ray
@@ -63,7 +62,6 @@ from raypeft.search.results import TrialResult, trial_results
 from raypeft.search.space import candidate_methods
 from raypeft.search.study import StudyPlan, fail_orphans, plan_study, record_chosen
 from raypeft.search.trial_records import TrialRecordsCallback
-from raypeft.search.trial_runners import storage_path
 from raypeft.search.tuner import (
     TuneRunner,
     experiment_path,
@@ -74,6 +72,7 @@ from raypeft.search.tuner import (
 )
 from raypeft.tracking.callback import (
     MLflowTrialCallback,
+    artefacts_on_one_disk,
     finish_parent_run,
     open_experiment,
     start_parent_run,
@@ -357,7 +356,9 @@ def open_records(prep: Prepared, opts: SearchOptions) -> Records:
     if interrupted:
         experiment_id, parent_run_id, name = _take_up(client, interrupted, opts.say)
     else:
-        experiment_id, parent_run_id, name = _start_parent(client, prep, study, opts.source)
+        experiment_id, parent_run_id, name = _start_parent(
+            client, prep, study, opts.source, opts.say
+        )
     tracker = MLflowTrialCallback(
         client, experiment_id, parent_run_id, cfg, prep.dims, storage=storage_path(cfg)
     )
@@ -391,15 +392,29 @@ def _take_up(client: MlflowClient, interrupted: tuple[str, Run], say) -> tuple[s
 
 
 def _start_parent(
-    client: MlflowClient, prep: Prepared, study: StudyPlan, source: str
+    client: MlflowClient, prep: Prepared, study: StudyPlan, source: str, say
 ) -> tuple[str, str, str]:
     """A new parent run, tagged: ``(experiment id, run id, Tune experiment name)``."""
     cfg = prep.cfg
-    experiment_id = open_experiment(client, cfg.tracking.experiment or cfg.name)
+    experiment = cfg.tracking.experiment or cfg.name
+    experiment_id = open_experiment(client, experiment, cfg.tracking.artifact_location)
+    _warn_if_artefacts_on_one_disk(client, experiment_id, prep.tracking_uri, say)
     parent_run_id = start_parent_run(client, experiment_id, cfg, source)
     name = f"{cfg.name}-{parent_run_id[:8]}"
     _tag_parent(client, parent_run_id, prep, study, name)
     return experiment_id, parent_run_id, name
+
+
+def _warn_if_artefacts_on_one_disk(client, experiment_id: str, tracking_uri: str, say) -> None:
+    """A database server shared by many machines, but artefacts on this one's disk: say so
+    (``raypeft predict`` elsewhere would find the runs, not their models)."""
+    location = client.get_experiment(experiment_id).artifact_location
+    if artefacts_on_one_disk(tracking_uri, location):
+        say(
+            f"  warning: MLflow's artefacts go to {location} on this machine's disk while its "
+            "runs are in a database server; set tracking.artifact_location (s3://...) to keep "
+            "them where every machine reads them"
+        )
 
 
 def _tag_parent(client, parent_run_id, prep: Prepared, study: StudyPlan, name: str) -> None:
@@ -559,7 +574,7 @@ def _summary(
         test=test,
         num_trials=outcome.num_trials,
         num_errors=outcome.num_errors,
-        storage_path=str(Path(storage_path(cfg)) / records.tune_name),
+        storage_path=experiment_path(cfg, records.tune_name),  # a URI (s3://) kept whole
         wall_s=wall_s,
         trial_run_ids=dict(run_ids),
         objectives=prep.objectives,

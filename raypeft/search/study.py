@@ -26,7 +26,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import is_conditional
 from raypeft.errors import ConfigError
 from raypeft.search.objectives import ResolvedObjective
-from raypeft.tracking.stores import sqlite_file, store_lock
+from raypeft.tracking.stores import database_url, sqlite_file, store_lock
 
 METRICS_ATTR = "raypeft.metrics"  # user attribute: the trial's last reported metrics
 TUNE_TRIAL_ATTR = "raypeft.tune_trial_id"
@@ -120,7 +120,7 @@ def open_storage(url: str) -> optuna.storages.RDBStorage:
     :func:`store_lock`, so that searches started together in one folder do not collide."""
     try:
         with store_lock(url, "search.storage"):
-            return optuna.storages.RDBStorage(url)
+            return optuna.storages.RDBStorage(database_url(url))
     except Exception as exc:  # bad URL, unreachable database, missing driver
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(
@@ -263,7 +263,7 @@ class StudyPlan:
 
 def study_location(cfg: ExperimentConfig, tracking_uri: str) -> tuple[str, str]:
     """Where a search's persisted Optuna study lives: its storage URL and study name."""
-    url = cfg.search.storage or default_storage(tracking_uri)
+    url = database_url(cfg.search.storage or default_storage(tracking_uri))
     return url, cfg.search.study_name or cfg.tracking.experiment or cfg.name
 
 

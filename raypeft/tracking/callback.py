@@ -25,8 +25,10 @@ from ray.tune.experiment import Trial
 from raypeft.config.dotted import flatten
 from raypeft.config.redact import redact_config, redact_params, redact_uri
 from raypeft.config.schema import EFFICIENCY_METRICS, REPEAT_OF, ExperimentConfig, trial_config
+from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS, log_model, reopen_run
+from raypeft.tracking.stores import SQL_SCHEMES
 from raypeft.tracking.tags import (
     BEST_RUN_TAG,
     BEST_TRIAL_TAG,
@@ -62,19 +64,46 @@ from raypeft.training.result_keys import (
 _BATCH = 100  # MLflow accepts at most 100 params per log_batch call
 
 
-def open_experiment(client: MlflowClient, name: str) -> str:
-    """The id of the MLflow experiment called ``name`` (created if missing)."""
+def open_experiment(client: MlflowClient, name: str, artifact_location: str | None = None) -> str:
+    """The id of the MLflow experiment called ``name`` (created if missing, keeping its
+    artefacts at ``artifact_location`` when given: MLflow's default otherwise). An existing
+    experiment whose artefacts live elsewhere than ``artifact_location`` is a ConfigError:
+    MLflow fixes an experiment's location when it creates it."""
     found = client.get_experiment_by_name(name)
     if found is not None:
         if found.lifecycle_stage == "deleted":
             client.restore_experiment(found.experiment_id)
+        _check_artifact_location(found, artifact_location)
         return found.experiment_id
     try:
-        return client.create_experiment(name)
+        return client.create_experiment(name, artifact_location=artifact_location)
     except MlflowException as exc:  # a search started beside this one created it just now
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         return client.get_experiment_by_name(name).experiment_id
+
+
+def _same_location(a: str, b: str) -> bool:
+    """Two artefact locations name the same place (``/x`` and ``file:///x/`` do)."""
+    return a.removeprefix("file://").rstrip("/") == b.removeprefix("file://").rstrip("/")
+
+
+def _check_artifact_location(experiment, wanted: str | None) -> None:
+    if wanted is not None and not _same_location(experiment.artifact_location, wanted):
+        raise ConfigError(
+            f"tracking.artifact_location: experiment {experiment.name!r} already keeps its "
+            f"artefacts in {redact_uri(experiment.artifact_location)}, not {redact_uri(wanted)} "
+            "(MLflow fixes it when the experiment is created); give that location, or another "
+            "tracking.experiment"
+        )
+
+
+def artefacts_on_one_disk(tracking_uri: str, artifact_location: str) -> bool:
+    """A database server's runs whose artefacts live on the local disk of the machine that
+    logged them: other machines read the runs but not their models."""
+    scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0].lower()
+    local = "://" not in artifact_location or artifact_location.startswith("file:")
+    return scheme in SQL_SCHEMES - {"sqlite"} and local
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:

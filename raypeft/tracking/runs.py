@@ -15,6 +15,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from raypeft.errors import ConfigError, DamagedArtefact
+from raypeft.tracking.stores import database_url
 from raypeft.tracking.tags import (
     BEST_RUN_TAG,
     DIGEST_TAG_PREFIX,
@@ -47,8 +48,9 @@ def reopen_run(client: MlflowClient, run: Run) -> None:
 
 
 def tracking_uri(uri: str | None = None) -> str:
-    """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``; a
+    ``postgresql://`` URI with its driver named (:func:`~raypeft.tracking.stores.database_url`)."""
+    return database_url(uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
 
 
 def find_experiment(client: MlflowClient, name_or_id: str) -> Experiment:

@@ -5,9 +5,14 @@ Three checks, each failing with a one-line :class:`ConfigError` that names the k
 - :func:`check_stores` (before anything starts, touches nothing): the tracking URI has a
   scheme MLflow knows, a sqlite file's folder exists, a database URL parses and its driver is
   installed; the same for ``search.storage``.
-- :func:`check_tracking_store` (one request): an ``http(s)`` tracking server answers.
-- :func:`check_store` (for commands that read a finished search): a local sqlite store
-  exists, so that reading never creates an empty one.
+- :func:`check_tracking_store` (one request): an ``http(s)`` tracking server or a database
+  server answers.
+- :func:`check_store` (for commands that read a finished search): a database URL's driver is
+  installed and its server answers, a local sqlite store exists (reading never creates an
+  empty one).
+
+:func:`database_url` gives ``postgresql://`` its driver: raypeft reads it as
+``postgresql+psycopg://`` (psycopg 3, a dependency of raypeft), whatever SQLAlchemy's default.
 
 And two things a search needs while it records:
 
@@ -41,6 +46,31 @@ from raypeft.errors import ConfigError
 
 # Database schemes SQLAlchemy (MLflow's and Optuna's database stores) can open.
 SQL_SCHEMES = {"sqlite", "postgresql", "mysql", "mssql", "oracle"}
+
+# What to install for a database driver SQLAlchemy could not import (by its module's name).
+DRIVER_PACKAGES = {
+    "psycopg": '"psycopg[binary]"',
+    "psycopg2": "psycopg2-binary",
+    "pymysql": "pymysql",
+    "MySQLdb": "mysqlclient",
+}
+
+
+def database_url(url: str) -> str:
+    """``url`` with PostgreSQL's driver named: ``postgresql://`` is read as
+    ``postgresql+psycopg://``. raypeft installs psycopg 3 (SQLAlchemy 2.1's default driver
+    too), while SQLAlchemy 2.0 would look for psycopg2; ``postgresql+psycopg2://`` still
+    picks psycopg2 where it is installed. Any other URL is returned as it is."""
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() == "postgresql":
+        return f"postgresql+psycopg://{rest}"
+    return url
+
+
+def database_server(url: str) -> bool:
+    """A URL of a database server (PostgreSQL, MySQL, ...), not a local sqlite file."""
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    return "://" in url and scheme in SQL_SCHEMES - {"sqlite"}
 
 
 def _env_true(name: str) -> bool:
@@ -105,12 +135,18 @@ def _known_tracking_schemes() -> set[str]:
 
 
 def _check_sql_driver(url: str, key: str) -> None:
-    """The database URL parses and its driver is installed (e.g. psycopg2 for postgresql)."""
+    """The database URL parses and its driver is installed (psycopg for postgresql)."""
     from sqlalchemy.engine import make_url  # why: sqlalchemy only when a database URL is given
 
     try:
-        make_url(url).get_dialect().import_dbapi()
-    except Exception as exc:  # ArgumentError (a bad URL), ModuleNotFoundError (no driver)
+        make_url(database_url(url)).get_dialect().import_dbapi()
+    except ModuleNotFoundError as exc:
+        package = DRIVER_PACKAGES.get(exc.name or "", exc.name)
+        raise ConfigError(
+            f"{key}: {redact_uri(url)}: its database driver {exc.name!r} is not installed; "
+            f"it must be (pip install {package})"
+        ) from None
+    except Exception as exc:  # ArgumentError (a bad URL), ImportError (a broken driver)
         raise ConfigError(
             f"{key}: {redact_uri(url)}: cannot use this database URL "
             f"({type(exc).__name__}: {redact_uri(str(exc)).splitlines()[0][:200]}); it must "
@@ -152,12 +188,47 @@ def _no_retries(timeout_s: int):
     )
 
 
+def check_database_answers(url: str, key: str, timeout_s: int = 10) -> None:
+    """A database server's URL: its driver is installed and the server accepts one
+    connection within ``timeout_s`` (MLflow would retry a refused one for most of an hour)."""
+    _check_sql_driver(url, key)
+    from sqlalchemy import create_engine  # why: sqlalchemy only when a database URL is given
+
+    engine = create_engine(database_url(url), connect_args=_connect_timeout(url, timeout_s))
+    try:
+        with engine.connect():
+            pass
+    except Exception as exc:  # refused, unknown host, authentication, missing database
+        raise ConfigError(
+            f"{key}: {redact_uri(url)}: the database does not answer "
+            f"({type(exc).__name__}: {_first_line(exc)}); start it or fix the URL"
+        ) from None
+    finally:
+        engine.dispose()
+
+
+def _connect_timeout(url: str, timeout_s: int) -> dict[str, int]:
+    """The driver's own connection timeout: psycopg, psycopg2 and the MySQL drivers all
+    call it ``connect_timeout``; others wait as long as they wait."""
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower()
+    return {"connect_timeout": timeout_s} if scheme in ("postgresql", "mysql") else {}
+
+
+def _first_line(exc: Exception) -> str:
+    """The first line of an error, redacted and cut (SQLAlchemy appends a long background)."""
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return redact_uri(text.splitlines()[0])[:200] if text else type(exc).__name__
+
+
 def check_tracking_store(uri: str, shown_as: str, timeout_s: int = 10) -> None:
     """Fail fast, before any trial, when the tracking store cannot be used.
 
-    An ``http(s)`` server must answer (one request, no retries); a sqlite file's folder must
-    exist. ``shown_as`` is the URI as the error shows it (credentials redacted).
+    An ``http(s)`` server must answer (one request, no retries), and so must a database
+    server (one connection); a sqlite file's folder must exist. ``shown_as`` is the URI as the
+    error shows it (credentials redacted).
     """
+    if database_server(uri):
+        check_database_answers(uri, "tracking.uri", timeout_s)
     if uri.startswith(("http://", "https://")):
         from mlflow.tracking import MlflowClient  # why: MLflow only for a server to probe
 
@@ -177,8 +248,12 @@ def check_tracking_store(uri: str, shown_as: str, timeout_s: int = 10) -> None:
             raise ConfigError(f"tracking.uri {shown_as}: folder {folder} does not exist")
 
 
-def check_store(uri: str) -> None:
-    """A local sqlite store must exist: reading must never create an empty one."""
+def check_store(uri: str, key: str = "--tracking-uri") -> None:
+    """A store to read must be usable: a database server's driver is installed and the
+    server answers (in seconds, one line if not), a local sqlite store exists (reading must
+    never create an empty one). ``key`` is where the URI came from, as errors name it."""
+    if database_server(uri):
+        check_database_answers(uri, key)
     path = sqlite_file(uri, absolute=False)  # shown as the user wrote it
     if path is not None:
         if not path.is_file():

@@ -5,20 +5,32 @@ test_lost_server.py)."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import socket
+import subprocess
+import sys
 import time
 
 import pytest
+from click.testing import CliRunner
 from mlflow.tracking import MlflowClient
 
+from raypeft.cli.main import main
+from raypeft.errors import ConfigError
+from raypeft.tracking.callback import artefacts_on_one_disk, open_experiment
 from raypeft.tracking.stores import (
     TrackingClient,
     TrackingLost,
+    check_store,
+    check_tracking_uri,
+    database_server,
+    database_url,
     sqlite_file,
     store_lock,
     tracking_client,
 )
+from tests.helpers import RAYPEFT, cli_env
 
 
 def test_sqlite_file_is_the_absolute_path_of_a_local_sqlite_url(tmp_path, monkeypatch):
@@ -83,3 +95,123 @@ def test_errors_of_a_store_that_answers_are_raised_as_they_are(tmp_path):
     assert not isinstance(info.value, TrackingLost)
     assert client.lost is None
     assert client.get_experiment_by_name("Default") is not None
+
+
+# ----------------------------------------------------------------------------- database URLs
+
+
+def test_plain_postgresql_means_psycopg_and_other_urls_are_kept():
+    assert database_url("postgresql://u:p@h:5432/db") == "postgresql+psycopg://u:p@h:5432/db"
+    for kept in (
+        "postgresql+psycopg2://u@h/db",
+        "postgresql+psycopg://u@h/db",
+        "sqlite:///mlflow.db",
+        "mysql://u@h/db",
+        "http://127.0.0.1:5000",
+    ):
+        assert database_url(kept) == kept
+    assert database_server("postgresql://h/db") and database_server("mysql+pymysql://h/db")
+    assert not database_server("sqlite:///x.db") and not database_server("http://h:5000")
+
+
+def test_a_missing_driver_is_one_line_naming_the_package(monkeypatch):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` now fails
+    url = "postgresql://me:s3cr3t@127.0.0.1:1/mlflow"
+    for check in (lambda: check_store(url), lambda: check_tracking_uri(url, "tracking.uri")):
+        with pytest.raises(ConfigError) as err:
+            check()
+        message = str(err.value)
+        assert (
+            "'psycopg' is not installed" in message and 'pip install "psycopg[binary]"' in message
+        )
+        assert "s3cr3t" not in message and "\n" not in message
+
+
+def test_a_database_that_does_not_answer_fails_in_seconds_not_mlflows_hour():
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match=r"^--tracking-uri: .*me:\*\*\*@.*does not answer"):
+        check_store("postgresql://me:s3cr3t@127.0.0.1:1/mlflow")
+    assert time.monotonic() - start < 10
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["report", "x"],
+        ["table", "x", "--out", "t.json"],
+        ["predict", "--model", "models:/x@champion"],
+        ["export", "--experiment", "x", "--format", "peft", "--out", "out"],
+        ["serve", "--experiment", "x"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_every_reading_command_refuses_a_missing_driver_in_one_line(tmp_path, monkeypatch, command):
+    """Each command that reads a store answers as `tune` does when the database's driver is
+    missing (hidden from the import system here): one line naming it, exit code 2."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "psycopg", None)
+    url = "postgresql://me:s3cr3t@127.0.0.1:1/mlflow"
+    result = CliRunner().invoke(main, [*command, "--tracking-uri", url], input="a text\n")
+    assert result.exit_code == 2, result.output
+    assert result.stderr.splitlines() == [MISSING_DRIVER_LINE]
+    assert list(tmp_path.iterdir()) == []  # nothing created
+
+
+MISSING_DRIVER_LINE = (
+    "error: --tracking-uri: postgresql+psycopg://me:***@127.0.0.1:1/mlflow: its database "
+    "driver 'psycopg' is not installed; it must be (pip install \"psycopg[binary]\")"
+)
+
+
+def test_ui_without_the_driver_is_one_line_not_a_traceback(tmp_path):
+    """The reported bug: `raypeft ui --tracking-uri postgresql://...` without psycopg printed a
+    71-line traceback. The real CLI, with psycopg hidden by an import hook on its PYTHONPATH."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(HIDE_PSYCOPG)
+    env = dict(cli_env(), PYTHONPATH=os.pathsep.join([str(hook), *sys.path]))
+    url = "postgresql://me:s3cr3t@127.0.0.1:1/mlflow"
+    proc = subprocess.run(
+        [RAYPEFT, "ui", "--tracking-uri", url],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [MISSING_DRIVER_LINE]
+
+
+HIDE_PSYCOPG = """
+import sys
+
+
+class HidePsycopg:
+    def find_spec(self, name, path=None, target=None):
+        if name == "psycopg" or name.startswith("psycopg."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, HidePsycopg())
+"""
+
+
+def test_an_experiment_keeps_its_artifact_location_and_a_different_one_is_refused(tmp_path):
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    wanted = str(tmp_path / "artefacts")
+    experiment_id = open_experiment(client, "e", wanted)
+    assert client.get_experiment(experiment_id).artifact_location == wanted
+    assert open_experiment(client, "e", f"file://{wanted}/") == experiment_id  # the same place
+    assert open_experiment(client, "e") == experiment_id  # none asked: whatever it has
+    with pytest.raises(ConfigError, match="tracking.artifact_location: experiment 'e' already"):
+        open_experiment(client, "e", "s3://bucket/mlflow")
+
+
+def test_artefacts_on_one_disk_only_for_a_database_server_with_local_artefacts():
+    assert artefacts_on_one_disk("postgresql+psycopg://h/db", "/home/me/mlruns")
+    assert artefacts_on_one_disk("mysql://h/db", "file:///home/me/mlruns")
+    assert not artefacts_on_one_disk("postgresql://h/db", "s3://bucket/mlflow")
+    assert not artefacts_on_one_disk("sqlite:///mlflow.db", "/home/me/mlruns")
+    assert not artefacts_on_one_disk("http://head:5000", "mlflow-artifacts:/1")

@@ -23,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
 from raypeft.config.loading import validate_experiment
+from raypeft.config.redact import REDACTED
 from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import SEED_KEY, configuration_key
 from raypeft.data.tasks import resolve_task_spec
@@ -36,6 +37,7 @@ from raypeft.search.study import (
     open_storage,
 )
 from raypeft.tracking.runs import find_experiment, get_run, latest_parent_run, trial_runs
+from raypeft.tracking.stores import check_store
 from raypeft.tracking.tags import OPTUNA_STUDY_TAG, TRIAL_ID_TAG
 from raypeft.training.evaluation import TargetMetric
 from raypeft.training.result_keys import PRECISION_PARAM
@@ -138,15 +140,20 @@ class CurveTable:
             raise ConfigError(f"{path}: not a learning-curve table ({err})") from None
 
 
-def read_table(tracking_uri: str, experiment: str, run_id: str | None = None) -> CurveTable:
+def read_table(
+    tracking_uri: str, experiment: str, run_id: str | None = None, storage: str | None = None
+) -> CurveTable:
     """The learning curves of a finished search (``run_id``, else the experiment's newest):
-    every trial that ran to its end, with its seed and its values at each evaluation."""
+    every trial that ran to its end, with its seed and its values at each evaluation.
+    ``storage``: the search's Optuna storage, where the logged ``search.storage`` will not do
+    (its password is never logged)."""
+    check_store(tracking_uri)  # reading must never create an empty store
     client = MlflowClient(tracking_uri)
     found = find_experiment(client, experiment)
     parent = get_run(client, run_id) if run_id else latest_parent_run(client, found)
     cfg = search_config(client, parent.info.run_id)
     _require_discrete(cfg)
-    finished = full_length_trials(cfg, tracking_uri, parent)
+    finished = full_length_trials(cfg, tracking_uri, parent, storage)
     runs = {
         r.data.tags.get(TRIAL_ID_TAG): r
         for r in trial_runs(client, found.experiment_id, parent.info.run_id)
@@ -204,11 +211,17 @@ def search_config(client: MlflowClient, parent_run_id: str) -> ExperimentConfig:
 
 
 def full_length_trials(
-    cfg: ExperimentConfig, tracking_uri: str, parent
+    cfg: ExperimentConfig, tracking_uri: str, parent, storage: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """Tune trial id -> typed parameters, for the study's trials of this search that ran to
-    their end (COMPLETE, not stopped early)."""
-    storage_url = cfg.search.storage or default_storage(tracking_uri)
+    their end (COMPLETE, not stopped early). The study is in ``storage``, else in the
+    search's logged ``search.storage`` (else the default beside the tracking store)."""
+    storage_url = storage or cfg.search.storage or default_storage(tracking_uri)
+    if storage is None and REDACTED in storage_url:
+        raise ConfigError(
+            f"search.storage: the search logged its Optuna storage without its password "
+            f"({storage_url}); give the URL with --storage"
+        )
     study_name = parent.data.tags.get(OPTUNA_STUDY_TAG) or cfg.search.study_name or cfg.name
     study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
     return {

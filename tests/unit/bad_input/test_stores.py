@@ -45,6 +45,26 @@ CASES: list[Case] = [
         ),
         ("search.storage", "me:***@db.example", "driver must be installed"),
     ),
+    Case(
+        "tracking-database-does-not-answer-password-redacted",
+        exp(tracking={"uri": "postgresql://me:s3cr3t-pw@127.0.0.1:1/mlflow"}),
+        ("tracking.uri", "me:***@127.0.0.1", "does not answer", "Connection refused"),
+    ),
+    Case(
+        "optuna-database-does-not-answer",
+        exp(search={"num_samples": 2, "storage": "postgresql+psycopg://me@127.0.0.1:1/optuna"}),
+        ("search.storage", "does not answer", "Connection refused"),
+    ),
+    Case(
+        "tracking-artifact-location-relative",
+        exp(tracking={"artifact_location": "mlruns"}),
+        ("tracking.artifact_location", "absolute folder", "must be"),
+    ),
+    Case(
+        "tracking-artifact-location-unknown-scheme",
+        exp(tracking={"artifact_location": "ftp://host/mlflow"}),
+        ("tracking.artifact_location", "must be a URI of an artifact store", "s3"),
+    ),
     Case("empty-study-name", exp(search__study_name=""), ("search.study_name", "at least 1")),
     Case(
         "resume-with-no-search-to-resume",
