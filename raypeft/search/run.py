@@ -62,6 +62,7 @@ from raypeft.search.results import TrialResult, trial_results
 from raypeft.search.space import candidate_methods
 from raypeft.search.study import StudyPlan, fail_orphans, plan_study, record_chosen
 from raypeft.search.trial_records import TrialRecordsCallback
+from raypeft.search.trial_runners import storage_path
 from raypeft.search.tuner import (
     TuneRunner,
     experiment_path,
