@@ -399,19 +399,25 @@ def role(proc: psutil.Process) -> str:
     return name
 
 
-def listening(host: Host) -> set[tuple[str, str]]:
-    """(role, address kind) of every listening TCP socket of the host's processes: address
-    kind is ``loopback`` (127.0.0.1), ``node`` (the host's own address) or ``wildcard``."""
+def listening(host: Host) -> dict[tuple[str, str], str]:
+    """(role, address kind) -> one process's command line, for every listening TCP socket of
+    the host's processes: address kind is ``loopback`` (127.0.0.1), ``node`` (the host's own
+    address) or ``wildcard``."""
     pids = {p.pid: p for p in host.processes()}
-    found = set()
+    found = {}
     for conn in psutil.net_connections(kind="tcp"):
         if conn.status != psutil.CONN_LISTEN or conn.pid not in pids:
             continue
         ip = conn.laddr.ip.removeprefix("::ffff:")
         kind = {"127.0.0.1": "loopback", host.address: "node", "0.0.0.0": "wildcard"}.get(ip)
         kind = kind or ("wildcard" if ip == "::" else ip)
-        if role(pids[conn.pid]) != "sshd":
-            found.add((role(pids[conn.pid]), kind))
+        proc = pids[conn.pid]
+        if role(proc) != "sshd":
+            try:
+                command = " ".join(proc.cmdline())[:300]
+            except psutil.NoSuchProcess:
+                command = "gone"
+            found[(role(proc), kind)] = f"{proc.pid} :{conn.laddr.port} {command}"
     return found
 
 
@@ -596,10 +602,10 @@ def test_every_listening_socket_is_in_the_security_table(cluster):
     seen = {}
     for name, host in cluster.hosts.items():
         kind = "head" if name == "head" else "worker"
-        for found in listening(host):
+        for found, process in listening(host).items():
             seen.setdefault(found, set()).add(kind)
             # catches: a socket nobody documented, or one on a wider address than documented
-            assert found in table and kind in table[found], (name, found, sorted(table))
+            assert found in table and kind in table[found], (name, found, process, sorted(table))
     # catches: MLflow or the dashboard on anything but the head's loopback
     assert ("mlflow server", "loopback") in seen and not {
         k for k in seen if k[0] in ("mlflow server", "dashboard") and k[1] != "loopback"

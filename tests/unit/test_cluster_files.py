@@ -449,7 +449,7 @@ def test_documented_commands_exist_and_their_experiments_load(doc):
     for line in shell_lines(doc_texts()[doc]):
         for segment in _segments(line):
             check_invocation(segment, seen)
-    expected = {"ray up", "ray job submit", "ray get-head-ip", "ray down", "raypeft tune"}
+    expected = {"ray up", "ray job submit", "ray attach", "ray down", "raypeft tune"}
     if doc == "docs/cluster.md":
         expected |= {
             "ray dashboard",
@@ -463,15 +463,16 @@ def test_documented_commands_exist_and_their_experiments_load(doc):
     assert expected <= set(seen), expected - set(seen)
 
 
-def test_documented_job_submission_uses_the_tunnel_and_shared_storage():
+def test_documented_job_submission_uses_the_tunnel_and_the_clusters_stores():
+    """A submitted search names no store: the head's environment (cluster.env, node.sh) does."""
     for doc, text in doc_texts().items():
         submit = [line for line in shell_lines(text) if "ray job submit" in line]
         assert submit, doc
         for line in submit:
             assert "--address http://127.0.0.1:8265" in line, doc
             assert "--address auto" in line, doc
-            assert "--set run.storage_path=" in line, doc
-            assert "--tracking-uri http://" in line and ":5000" in line, doc
+            assert "--tracking-uri" not in line and "storage" not in line, (doc, line)
+        assert "~/.raypeft/cluster.env" in text, doc
 
 
 @pytest.mark.parametrize("doc", sorted(doc_texts()))
