@@ -500,14 +500,16 @@ def test_workers_join_through_the_launcher_and_each_host_sees_only_itself(cluste
 def test_a_node_joins_only_with_the_clusters_token(cluster, tmp_path):
     """`ray start` on a spare host, as node.sh would run it, with a wrong token and with
     none (refused, saying why) and, as the positive control, with the cluster's token
-    (joins; then stopped on that host alone)."""
+    (joins; then stopped on that host alone). The spare host has w2's venv (hard links: the
+    same path in every host, no second install)."""
     spare = start_host(
         "spare", SPARE, cluster.work / "spare", UIDS["spare"], (cluster.work / "id.pub").read_text()
     )
     try:
+        run(["cp", "-al", cluster.hosts["w2"].home / "venv", spare.home / "venv"])
         token = (Path(cluster.env["HOME"]) / ".ray" / "auth_token").read_text().strip()
         join = (
-            f"timeout 90 {BIN}/ray start --address={GCS} --node-ip-address={SPARE} "
+            f"timeout 90 {INSIDE}/venv/bin/ray start --address={GCS} --node-ip-address={SPARE} "
             "--num-cpus=0 --dashboard-agent-listen-port=22368 --disable-usage-stats"
         )
         refused = {
@@ -530,7 +532,7 @@ def test_a_node_joins_only_with_the_clusters_token(cluster, tmp_path):
         assert joined.returncode == 0, joined.stdout[-2000:] + joined.stderr[-2000:]
         assert SPARE in cluster.wait_for_nodes(4).values()  # the control: the token joins
         # `ray stop` on the spare host stops its node alone (its own namespace)
-        assert spare.ssh(cluster.key, f"{BIN}/ray stop").returncode == 0
+        assert spare.ssh(cluster.key, f"{INSIDE}/venv/bin/ray stop").returncode == 0
         assert sorted(cluster.wait_for_nodes(3).values()) == sorted(ADDRESSES.values())
     finally:
         spare.end()
@@ -606,10 +608,22 @@ def test_every_listening_socket_is_in_the_security_table(cluster):
             seen.setdefault(found, set()).add(kind)
             # catches: a socket nobody documented, or one on a wider address than documented
             assert found in table and kind in table[found], (name, found, process, sorted(table))
-    # catches: MLflow or the dashboard on anything but the head's loopback
-    assert ("mlflow server", "loopback") in seen and not {
-        k for k in seen if k[0] in ("mlflow server", "dashboard") and k[1] != "loopback"
-    }, seen
+    # catches: MLflow or the dashboard and job API on anything but the head's loopback
+    assert ("mlflow server", "loopback") in seen and ("dashboard", "loopback") in seen
+    for host in cluster.hosts.values():
+        pids = {p.pid for p in host.processes()}
+        for conn in psutil.net_connections(kind="tcp"):
+            port = conn.laddr.port
+            if (
+                conn.status == psutil.CONN_LISTEN
+                and conn.pid in pids
+                and port
+                in (
+                    PORTS["RAYPEFT_MLFLOW_PORT"],
+                    PORTS["RAYPEFT_DASHBOARD_PORT"],
+                )
+            ):
+                assert conn.laddr.ip == "127.0.0.1", (host.name, conn)
     # catches: a stale table: every documented row is seen on a running cluster
     assert set(table) <= set(seen), sorted(set(table) - set(seen))
     for host in cluster.hosts.values():  # catches: a process bound outside 127.0.0.0/8
@@ -720,6 +734,8 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
     shipped.write_text("a code change\n")
     cluster.up()
     assert (cluster.hosts["head"].home / "raypeft" / "cluster-test" / "shipped.txt").is_file()
+    # the new head's autoscaler sets the workers up again (their hosts kept their disks)
+    cluster.wait_for_nodes(3)
     after = snapshot(cluster)
     # catches: anything that lived on the old head's disk: run ids, statuses and metrics,
     # artefact digests and trial states are exactly as before
