@@ -151,14 +151,24 @@ class Host:
 
     def end(self) -> None:
         """End the host: its init stops every process of its namespace, then exits."""
+        end_hosts([self])
+
+
+def end_hosts(hosts: list[Host]) -> None:
+    """End several hosts at once (each init stops its namespace's processes, then exits)."""
+    for host in hosts:
         try:
-            self.init.send_signal(signal.SIGTERM)
-            self.init.wait(timeout=30)
+            host.init.send_signal(signal.SIGTERM)
         except psutil.NoSuchProcess:
-            return
+            pass
+    for host in hosts:
+        try:
+            host.init.wait(timeout=30)
+        except psutil.NoSuchProcess:
+            pass
         except psutil.TimeoutExpired:
-            self.init.kill()  # the kernel then kills the namespace's every process
-            self.init.wait(timeout=30)
+            host.init.kill()  # the kernel then kills the namespace's every process
+            host.init.wait(timeout=30)
 
 
 def _passwd(uid: int) -> str:

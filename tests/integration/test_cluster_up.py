@@ -50,7 +50,14 @@ import yaml
 from filelock import FileLock
 from mlflow.tracking import MlflowClient
 
-from tests.cluster_hosts import LOGIN, SSH_OPTIONS, Host, start_host, why_hosts_cannot_run
+from tests.cluster_hosts import (
+    LOGIN,
+    SSH_OPTIONS,
+    Host,
+    end_hosts,
+    start_host,
+    why_hosts_cannot_run,
+)
 from tests.helpers import TINY_SEARCH_BASE, assert_each_step_once, children, run_cli
 from tests.servers import postgres_server, s3_server
 
@@ -318,7 +325,7 @@ def cluster():
         work = Path(tempfile.mkdtemp(prefix="rpc-", dir="/var/tmp"))
         work.chmod(0o755)
         hosts: dict[str, Host] = {}
-        env, timings = None, {}
+        timings: dict = {}
         try:
             with postgres_server(work) as pg, s3_server(work) as s3:
                 s3.create_bucket(BUCKET)
@@ -351,16 +358,8 @@ def cluster():
                 timings["workers joined after up"] = [round(time.monotonic() - started)]
                 yield cluster
         finally:
-            if env is not None:
-                subprocess.run(
-                    [BIN / "ray", "down", "-y", work / "cluster.yaml"],
-                    cwd=work,
-                    env=env,
-                    capture_output=True,
-                    timeout=300,
-                )
-            for host in hosts.values():
-                host.end()
+            # no `ray down` (test_a_new_head_... runs it): ending a host ends all it runs
+            end_hosts(list(hosts.values()))
             left = {name: host.processes() for name, host in hosts.items()}
             shutil.rmtree(work, ignore_errors=True)
             print(f"cluster timings (s): {timings}")
