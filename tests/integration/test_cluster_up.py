@@ -539,6 +539,7 @@ def test_a_node_joins_only_with_the_clusters_token(cluster, tmp_path):
 
 def test_a_search_submitted_as_a_job_places_trials_on_both_workers(cluster):
     proc = cluster.submit("placed.yaml")
+    # catches: a job whose driver cannot reach the stores the head's environment names
     assert "Search finished" in proc.stdout and "succeeded" in proc.stdout, proc.stdout[-3000:]
     client = cluster.stores.mlflow()  # read in PostgreSQL itself, not through the server
     parent, kids = the_search(client, EXPERIMENT)
@@ -551,6 +552,7 @@ def test_a_search_submitted_as_a_job_places_trials_on_both_workers(cluster):
     champion = client.get_model_version_by_alias(EXPERIMENT, "champion")
     assert champion.run_id == parent.data.tags["raypeft.best_run_id"]
     # the stores: the study in PostgreSQL, checkpoints and artefacts in the bucket
+    # catches: RAYPEFT_SEARCH_STORAGE / RAYPEFT_STORAGE_PATH not reaching the job's driver
     study = optuna.load_study(study_name=EXPERIMENT, storage=cluster.stores.optuna_db)
     assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
     assert any("/checkpoint_" in key for key in cluster.stores.objects("ray_results/"))
@@ -566,6 +568,7 @@ def test_a_search_submitted_as_a_job_places_trials_on_both_workers(cluster):
 
 def test_a_ddp_trial_trains_across_both_workers_as_one_node_does(cluster, tmp_path):
     proc = cluster.submit("ddp.yaml")
+    # catches: a Ray Train trial that cannot read its checkpoints back from S3
     assert "Search finished" in proc.stdout, proc.stdout[-3000:]
     client = cluster.stores.mlflow()
     _, (kid,) = the_search(client, "cluster-ddp")
@@ -623,9 +626,9 @@ def test_every_listening_socket_is_in_the_security_table(cluster):
                 )
             ):
                 assert conn.laddr.ip == "127.0.0.1", (host.name, conn)
-    # catches: a stale table: every documented row is seen on a running cluster
+    # catches: a stale table (a row Ray no longer opens) that would hide a new socket's row
     assert set(table) <= set(seen), sorted(set(table) - set(seen))
-    for host in cluster.hosts.values():  # catches: a process bound outside 127.0.0.0/8
+    for host in cluster.hosts.values():  # catches: traffic leaving 127.0.0.0/8
         for conn in psutil.net_connections(kind="tcp"):
             if conn.pid in {p.pid for p in host.processes()} and conn.raddr:
                 assert conn.raddr.ip.removeprefix("::ffff:").startswith("127."), conn
@@ -662,7 +665,7 @@ def test_a_worker_lost_mid_trial_resumes_from_its_checkpoint_on_the_other(cluste
         assert time.monotonic() < deadline, "the trial never finished after its node was lost"
         time.sleep(3)
     run_ = client.get_run(kid.info.run_id)
-    assert run_.info.status == "FINISHED"
+    assert run_.info.status == "FINISHED"  # catches: a trial failed by the lost node
     # catches: a restart from scratch (or no restart): it continued from a checkpoint
     assert int(run_.data.tags["raypeft.resumed_from_step"]) >= 2 * LOST["eval_every"]
     # catches: a restart on the lost node (or the head): it moved to the other worker
@@ -674,6 +677,7 @@ def test_a_worker_lost_mid_trial_resumes_from_its_checkpoint_on_the_other(cluste
     while client.get_run(parent.info.run_id).info.status == "RUNNING":
         assert time.monotonic() < deadline
         time.sleep(2)
+    # catches: a search that ends (or hangs) with its node
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
     # the lost worker is set up and joined again by the head's autoscaler
     cluster.wait_for_nodes(3, timeout=600)
@@ -714,6 +718,7 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
         if any("val_accuracy" in k.data.metrics for k in kids):
             break
         time.sleep(1)
+    # catches: a test that brings the head down after the search ended (nothing to resume)
     assert client.get_run(parent.info.run_id).info.status == "RUNNING"
 
     cluster.down()
@@ -732,6 +737,7 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
     shipped = cluster.checkout / "cluster-test" / "shipped.txt"
     shipped.write_text("a code change\n")
     cluster.up()
+    # catches: a `ray up` that did not set the new head up (file mounts)
     assert (cluster.hosts["head"].home / "raypeft" / "cluster-test" / "shipped.txt").is_file()
     # the new head's autoscaler sets the workers up again (their hosts kept their disks)
     cluster.wait_for_nodes(3)
@@ -746,6 +752,7 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
     # catches: a new search instead of the interrupted one continued
     assert resumed.info.run_id == parent.info.run_id
     assert client.get_run(parent.info.run_id).info.status == "FINISHED"
+    # catches: trials restarted from scratch or evaluations lost across the new head
     assert len(kids) == 2 and all(k.info.status == "FINISHED" for k in kids)
     for kid in kids:
         assert_each_step_once(client, kid.info.run_id, 400, 40)
@@ -786,6 +793,7 @@ def test_the_heads_mlflow_answers_through_an_ssh_tunnel(cluster, tmp_path):
             cwd=tmp_path,
             env=env,
         )
+        # catches: MLflow unreachable by the documented tunnel, artefacts not proxied from S3
         assert report.returncode == 0, report.stderr[-3000:]
         predict = run_cli(
             ["predict", "--model", f"models:/{EXPERIMENT}@champion"],
