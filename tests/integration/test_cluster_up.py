@@ -741,6 +741,14 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
     assert (cluster.hosts["head"].home / "raypeft" / "cluster-test" / "shipped.txt").is_file()
     # the new head's autoscaler sets the workers up again (their hosts kept their disks)
     cluster.wait_for_nodes(3)
+    # catches: a second setup that reinstalls an unchanged venv (node.sh's stamp), while the
+    # new head's empty disk got a full install
+    monitor = "".join(
+        log.read_text(errors="replace")
+        for log in (cluster.hosts["head"].root / "tmp" / "ray").glob("session_2*/logs/monitor.out")
+    )
+    assert monitor.count("node.sh setup: ~/venv is up to date") == 2, monitor[-3000:]
+    assert (cluster.hosts["head"].home / "venv" / ".raypeft-setup").is_file()
     after = snapshot(cluster)
     # catches: anything that lived on the old head's disk: run ids, statuses and metrics,
     # artefact digests and trial states are exactly as before

@@ -308,6 +308,16 @@ def test_installs_match_this_repository():
         assert config["file_mounts"]["~/raypeft"] == "."
 
 
+def test_a_second_setup_installs_nothing_when_nothing_changed():
+    """The stamp names every input of the install and is written only after all of it."""
+    setup = script_function("setup")
+    for part in ("pyproject.toml", "constraints.txt", "requirements-offline-assets.txt"):
+        assert f'"$REPO/{part}"' in setup.split("sha256sum")[0], part
+    assert 'stamp="$stamp $torch_index $RAY_VERSION $*"' in setup
+    assert setup.index("return 0") < setup.index('"${pip[@]}" --upgrade pip')
+    assert setup.rstrip().endswith('echo "$stamp" > ~/venv/.raypeft-setup')
+
+
 def test_aws_cuda_build_is_chosen_in_one_place():
     script = [line for line in node_script().splitlines() if not line.lstrip().startswith("#")]
     commands = all_commands(load(AWS)) + script
