@@ -128,7 +128,13 @@ def describe_gpus(nodes: list[dict[str, float]]) -> str:
 def check_fits(cfg: Any, nodes: list[dict[str, float]], where: str = "this machine") -> None:
     """Raise :class:`ConfigError` (one line, naming the key and the rule) when one trial of
     ``cfg`` cannot be placed on ``nodes``; ``where`` names them in the message."""
-    hint = "" if where != "this machine" else " (a cluster: pass --address)"
+    # On a cluster, nodes still being set up (right after `ray up` on premise, whose launcher
+    # file declares no node resources to count instead) are not among ``nodes`` yet.
+    hint = (
+        " (a cluster: pass --address)"
+        if where == "this machine"
+        else "; nodes that have not joined yet are not counted (see `ray status`)"
+    )
     _check_gpus(cfg, nodes, where, hint)
     _check_cpus(cfg, nodes, where, hint)
     _check_workers(cfg, nodes, where, hint)

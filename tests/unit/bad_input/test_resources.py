@@ -155,6 +155,17 @@ def test_check_fits_rejects(resources, nodes, expect):
     assert expect in str(info.value) and "\n" not in str(info.value)
 
 
+def test_check_fits_on_a_cluster_says_joining_nodes_are_not_counted():
+    """Right after an on-premise `ray up`, the workers are still being set up."""
+    from raypeft.errors import ConfigError
+    from raypeft.search.resources import check_fits
+
+    with pytest.raises(ConfigError) as info:
+        check_fits(_cfg(), [{"CPU": 0.0}], where="the cluster at auto")
+    assert str(info.value).endswith("not counted (see `ray status`)"), str(info.value)
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     "resources,nodes",
     [
