@@ -33,6 +33,7 @@ from raypeft.tracking.stores import (
     check_stores,
     check_tracking_store,
     database_server,
+    search_storage,
 )
 
 STAGES = ("schema", "files and data", "model", "method settings", "stores", "resources")
@@ -82,5 +83,6 @@ def _check_stores(cfg: ExperimentConfig) -> None:
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         check_tracking_store(uri, redact_uri(uri))
-    if cfg.search.storage and database_server(cfg.search.storage):
-        check_database_answers(cfg.search.storage, "search.storage")
+    named = search_storage(cfg)
+    if named and database_server(named[0]):
+        check_database_answers(*named)

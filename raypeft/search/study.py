@@ -26,7 +26,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import is_conditional
 from raypeft.errors import ConfigError
 from raypeft.search.objectives import ResolvedObjective
-from raypeft.tracking.stores import database_url, sqlite_file, store_lock
+from raypeft.tracking.stores import SEARCH_STORAGE_ENV, database_url, sqlite_file, store_lock
 
 METRICS_ATTR = "raypeft.metrics"  # user attribute: the trial's last reported metrics
 TUNE_TRIAL_ATTR = "raypeft.tune_trial_id"
@@ -98,17 +98,11 @@ def directions(modes: list[str]) -> list[str]:
     return ["maximize" if m == "max" else "minimize" for m in modes]
 
 
-# A cluster names its shared study database once, in every node's environment
-# (cluster/node.sh sources ~/.raypeft/cluster.env), so that a search submitted as a Ray job
-# uses it without a flag to remember.
-STORAGE_ENV = "RAYPEFT_SEARCH_STORAGE"
-
-
 def default_storage(tracking_uri: str) -> str:
     """``$RAYPEFT_SEARCH_STORAGE`` if set; else ``optuna.db`` beside a local sqlite MLflow
     store; else in the working directory."""
-    if os.environ.get(STORAGE_ENV):
-        return os.environ[STORAGE_ENV]
+    if os.environ.get(SEARCH_STORAGE_ENV):  # a cluster's shared database
+        return os.environ[SEARCH_STORAGE_ENV]
     store = sqlite_file(tracking_uri)
     if store is not None:
         return f"sqlite:///{store.parent / 'optuna.db'}"

@@ -167,8 +167,8 @@ def use_ray_train(cfg: ExperimentConfig) -> bool:
     return runner == "ray_train"
 
 
-# A cluster's shared storage, named once in every node's environment (see STORAGE_ENV in
-# raypeft.search.study): a search submitted as a Ray job checkpoints there without a flag.
+# A cluster's shared storage, named once in every node's environment (cluster/node.sh sources
+# ~/.raypeft/cluster.env): a search submitted as a Ray job checkpoints there without a flag.
 STORAGE_PATH_ENV = "RAYPEFT_STORAGE_PATH"
 
 

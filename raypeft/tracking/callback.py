@@ -28,7 +28,7 @@ from raypeft.config.schema import EFFICIENCY_METRICS, REPEAT_OF, ExperimentConfi
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS, log_model, reopen_run
-from raypeft.tracking.stores import SQL_SCHEMES
+from raypeft.tracking.stores import database_server
 from raypeft.tracking.tags import (
     BEST_RUN_TAG,
     BEST_TRIAL_TAG,
@@ -101,9 +101,8 @@ def _check_artifact_location(experiment, wanted: str | None) -> None:
 def artefacts_on_one_disk(tracking_uri: str, artifact_location: str) -> bool:
     """A database server's runs whose artefacts live on the local disk of the machine that
     logged them: other machines read the runs but not their models."""
-    scheme = tracking_uri.split(":", 1)[0].split("+", 1)[0].lower()
     local = "://" not in artifact_location or artifact_location.startswith("file:")
-    return scheme in SQL_SCHEMES - {"sqlite"} and local
+    return database_server(tracking_uri) and local
 
 
 def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:

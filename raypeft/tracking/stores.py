@@ -73,6 +73,21 @@ def database_server(url: str) -> bool:
     return "://" in url and scheme in SQL_SCHEMES - {"sqlite"}
 
 
+# A cluster names its shared Optuna database once, in every node's environment
+# (cluster/node.sh sources ~/.raypeft/cluster.env): the default of ``search.storage``.
+SEARCH_STORAGE_ENV = "RAYPEFT_SEARCH_STORAGE"
+
+
+def search_storage(cfg: ExperimentConfig) -> tuple[str, str] | None:
+    """The Optuna storage a search names and the key that names it: ``search.storage``, else
+    ``$RAYPEFT_SEARCH_STORAGE``; None when neither does (the default beside the MLflow store)."""
+    if cfg.search.storage:
+        return cfg.search.storage, "search.storage"
+    if os.environ.get(SEARCH_STORAGE_ENV):
+        return os.environ[SEARCH_STORAGE_ENV], SEARCH_STORAGE_ENV
+    return None
+
+
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
@@ -83,10 +98,8 @@ def check_stores(cfg: ExperimentConfig) -> None:
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
         check_tracking_uri(uri, "tracking.uri" if cfg.tracking.uri else "MLFLOW_TRACKING_URI")
-    if cfg.search.storage:
-        check_optuna_storage(cfg.search.storage, "search.storage")
-    elif os.environ.get("RAYPEFT_SEARCH_STORAGE"):  # the cluster's default (search/study.py)
-        check_optuna_storage(os.environ["RAYPEFT_SEARCH_STORAGE"], "RAYPEFT_SEARCH_STORAGE")
+    if named := search_storage(cfg):
+        check_optuna_storage(*named)
 
 
 def check_optuna_storage(url: str, key: str) -> None:

@@ -215,3 +215,39 @@ def test_artefacts_on_one_disk_only_for_a_database_server_with_local_artefacts()
     assert not artefacts_on_one_disk("postgresql://h/db", "s3://bucket/mlflow")
     assert not artefacts_on_one_disk("sqlite:///mlflow.db", "/home/me/mlruns")
     assert not artefacts_on_one_disk("http://head:5000", "mlflow-artifacts:/1")
+
+
+# ----------------------------------------------------------------------------- a cluster's
+# stores named in every node's environment (cluster/node.sh sources ~/.raypeft/cluster.env)
+
+
+def _experiment(**sections):
+    from raypeft.config.loading import validate_experiment
+
+    raw = {"name": "env", "model": {"name": "tiny-bert"}, "method": {"name": "pt"}}
+    return validate_experiment({**raw, **sections}, "env.yaml")
+
+
+def test_the_clusters_environment_names_the_default_stores(monkeypatch, tmp_path):
+    from raypeft.search.study import default_storage
+    from raypeft.search.trial_runners import storage_path
+    from raypeft.tracking.stores import search_storage
+
+    monkeypatch.setenv("RAYPEFT_SEARCH_STORAGE", "postgresql+psycopg://u@db:5432/optuna")
+    monkeypatch.setenv("RAYPEFT_STORAGE_PATH", "s3://team/ray_results")
+    cfg = _experiment()
+    assert default_storage(f"sqlite:///{tmp_path / 'mlflow.db'}").endswith("@db:5432/optuna")
+    assert search_storage(cfg) == (os.environ["RAYPEFT_SEARCH_STORAGE"], "RAYPEFT_SEARCH_STORAGE")
+    assert storage_path(cfg) == "s3://team/ray_results"
+    # what the file says wins over the environment
+    mine = _experiment(search={"storage": "sqlite:///x.db"}, run={"storage_path": "s3://me/r"})
+    assert search_storage(mine) == ("sqlite:///x.db", "search.storage")
+    assert storage_path(mine) == "s3://me/r"
+
+
+def test_a_bad_environment_storage_is_named_in_the_error(monkeypatch):
+    from raypeft.tracking.stores import check_stores
+
+    monkeypatch.setenv("RAYPEFT_SEARCH_STORAGE", "redis://nowhere")
+    with pytest.raises(ConfigError, match=r"^RAYPEFT_SEARCH_STORAGE: .*must be a database URL"):
+        check_stores(_experiment())
