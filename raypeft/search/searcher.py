@@ -124,6 +124,7 @@ class StudySearcher(Searcher):
         self.trials: dict[str, int] = {}  # Tune trial id -> Optuna trial number
         self.handles: dict[int, optuna.trial.Trial] = {}  # trials asked for, by number
         self.told: set[str] = set()  # Tune trials whose end the study holds
+        self.reported: dict[int, set[int]] = {}  # trial number -> steps the study holds
         self.waiting: list[tuple[int, int]] = []  # (repeat, original) numbers
         self.driver: str | None = None
         for point in points_to_evaluate or []:
@@ -167,7 +168,7 @@ class StudySearcher(Searcher):
         if value is None or not math.isfinite(float(value)):
             return
         step = int(result.get("step", result.get("training_iteration", 0)))
-        self._trial(self.trials[trial_id]).report(float(value), step)
+        self._report(self.trials[trial_id], float(value), step)
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         """The trial's end: FAIL (an error, a diverged loss, no objective value), PRUNED
@@ -184,8 +185,7 @@ class StudySearcher(Searcher):
         if not error and len(values) == 1 and values[0] is not None:
             # Tune hands the result that made the scheduler stop a trial (and a trial's last
             # result) to on_trial_complete only: record it as the value at the step reached
-            if metrics["step"] not in self._frozen(number).intermediate_values:
-                trial.report(float(values[0]), metrics["step"])
+            self._report(number, float(values[0]), metrics["step"])
         failure = result.get(FAILURE_KEY)  # the loss diverged (raypeft.training.loop)
         if failure:
             trial.set_user_attr(ERROR_ATTR, str(failure)[:1000])
@@ -224,7 +224,7 @@ class StudySearcher(Searcher):
         self.told = set(state["told"])
         self.waiting = [(int(r), int(o)) for r, o in state["waiting"]]
         self.driver = state["driver"]
-        self.handles = {}
+        self.handles, self.reported = {}, {}
         self.study.sampler.reseed_rng()
 
     # ------------------------------------------------------------------ a paused trial
@@ -375,6 +375,20 @@ class StudySearcher(Searcher):
             trial_id = storage_id(self.storage, self.study_id, number)
             self.handles[number] = optuna.trial.Trial(self.study, trial_id)
         return self.handles[number]
+
+    def _report(self, number: int, value: float, step: int) -> None:
+        """Trial ``number``'s value at ``step``, unless the study holds one for that step: a
+        restarted trial (a killed worker, ``--resume``) runs again the steps after the
+        checkpoint it continues from, or all of them when it started over, and Optuna keeps
+        the first value of a step (it warns at each repeat). The steps held are read from
+        the storage once per trial and process, then kept here."""
+        steps = self.reported.get(number)
+        if steps is None:
+            steps = self.reported[number] = set(self._frozen(number).intermediate_values)
+        if step in steps:
+            return
+        self._trial(number).report(value, step)
+        steps.add(step)
 
     def _frozen(self, number: int) -> optuna.trial.FrozenTrial:
         """Trial ``number`` as the storage holds it now."""

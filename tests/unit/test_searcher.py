@@ -7,6 +7,7 @@ completion), on a real sqlite Optuna storage; the study is then read back with O
 from __future__ import annotations
 
 import math
+import warnings
 
 import optuna
 import pytest
@@ -107,6 +108,37 @@ def test_scheduler_stop_is_pruned_at_the_step_reached(tmp_path):
     assert b.user_attrs["raypeft.tune_trial_id"] == "b"
     assert b.user_attrs["raypeft.parent_run_id"] == "parent123"
     assert b.user_attrs[METRICS_ATTR]["best_val_accuracy"] == 0.45
+
+
+def test_a_restarted_trials_repeated_steps_are_reported_once_and_quietly(tmp_path):
+    """A restarted trial runs steps again: after its checkpoint (a killed worker, Ray's
+    restart in the same search) or all of them (a search resumed in a new process, whose
+    trial started over because its checkpoint was damaged). The study keeps each step's
+    first value and Optuna's warning about a step reported twice is never raised."""
+    search, url = make_search(tmp_path, [ACC])
+    search.suggest("a")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        search.on_trial_result("a", result(10, 0.5))
+        search.on_trial_result("a", result(20, 0.6))
+        search.on_trial_result("a", result(20, 0.65))  # restarted from its step-10 checkpoint
+        search.save(str(tmp_path / "searcher.json"))
+        resumed, _ = make_search(tmp_path, [ACC])  # the resumed search's driver
+        resumed.restore(str(tmp_path / "searcher.json"))
+        for step, acc in ((10, 0.3), (20, 0.4), (30, 0.7)):  # started over from step 0
+            resumed.on_trial_result("a", result(step, acc))
+        resumed.on_trial_complete("a", result(30, 0.7))
+    assert [str(w.message) for w in caught] == []
+    (trial,) = optuna.load_study(study_name="study", storage=url).trials
+    assert trial.intermediate_values == {10: 0.5, 20: 0.6, 30: 0.7}
+    assert trial.state == TrialState.COMPLETE and trial.value == 0.7
+
+    # what the searcher spares the user: Optuna warns at a step reported again
+    study = optuna.load_study(study_name="study", storage=url)
+    again = study.ask()
+    again.report(0.1, 10)
+    with pytest.warns(UserWarning, match="reported value is ignored"):
+        again.report(0.2, 10)
 
 
 def test_failed_trial_is_failed_not_pruned(tmp_path):
