@@ -165,7 +165,7 @@ class TrainConfig(StrictModel):
 
 
 class SchedulerConfig(StrictModel):
-    """Early stopping of trials (one Tune iteration = one evaluation)."""
+    """Early stopping of trials (their clock: a trial's evaluations, counted from its step 0)."""
 
     type: Literal["asha", "hyperband", "median", "none"] = Field(
         "asha",
@@ -751,7 +751,7 @@ class ExperimentConfig(StrictModel):
         return {k: p.candidates(max_int_values) for k, p in self.space.items()}
 
     def most_evaluations(self) -> int:
-        """The most evaluations a trial of this search makes (one Tune iteration each; the
+        """The most evaluations a trial of this search makes (the schedulers count them; the
         schedulers' ``max_t``): the longest ``train.max_steps`` over the shortest
         ``train.eval_every`` the space can give; a shorter trial ends at its own length."""
         steps, every = self.space.get("train.max_steps"), self.space.get("train.eval_every")

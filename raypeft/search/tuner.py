@@ -44,6 +44,7 @@ from raypeft.search.space import DefineByRun
 from raypeft.search.study import StudyPlan, build_sampler
 from raypeft.search.trial_runners import storage_path, trainable_for, use_ray_train
 from raypeft.tracking.callback import MLflowTrialCallback
+from raypeft.training.result_keys import EVALUATION_KEY
 
 
 class TrialNamer:
@@ -93,7 +94,9 @@ def optuna_searcher(
 
 def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
     """The trial scheduler ``search.scheduler`` names (none, median, asha, hyperband), on
-    ``search.scheduler.metric`` where set (else ``metric``, the searcher's)."""
+    ``search.scheduler.metric`` where set (else ``metric``, the searcher's). Its clock is the
+    trial's evaluation count (:data:`EVALUATION_KEY`), not Tune's ``training_iteration``,
+    which goes on counting when a trial with a damaged checkpoint starts over from step 0."""
     sched = cfg.search.scheduler
     if sched.type == "none":
         return FIFOScheduler()
@@ -102,7 +105,7 @@ def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
     grace = min(sched.grace_period, max_t)
     if sched.type == "median":
         return MedianStoppingRule(
-            time_attr="training_iteration",
+            time_attr=EVALUATION_KEY,
             metric=metric,
             mode=mode,
             grace_period=grace,
@@ -121,7 +124,7 @@ def scheduler(cfg: ExperimentConfig, metric: str, mode: str) -> TrialScheduler:
         # (and each replay of it, raypeft simulate) puts its trials in the same brackets
         np.random.seed(cfg.search.seed)
     return ASHAScheduler(
-        time_attr="training_iteration",
+        time_attr=EVALUATION_KEY,
         metric=metric,
         mode=mode,
         max_t=max_t,

@@ -13,7 +13,6 @@ from raypeft.config.schema import EFFICIENCY_METRICS, ExperimentConfig, Objectiv
 from raypeft.data.metrics import METRIC_MODE, compute_metrics
 from raypeft.modeling.prompted import PromptedModel
 from raypeft.training.datasets import ArrayDataset, to_device
-from raypeft.training.result_keys import CHECKPOINT_METRIC_KEY, CHECKPOINT_MODE_KEY
 
 
 @torch.no_grad()
@@ -116,8 +115,6 @@ def evaluation_metrics(
         f"val_{target.name}": val[target.name],
         "train_loss": train_loss,
         "step": step,
-        CHECKPOINT_METRIC_KEY: target.result_key,
-        CHECKPOINT_MODE_KEY: target.mode,
     }
     metrics.update({f"val_{k}": v for k, v in val.items()})
     metrics.update({f"best_{k}": v for k, v in best.items()})

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from raypeft.config.schema import ExperimentConfig
+from raypeft.config.schema import ExperimentConfig, TrainConfig
 from raypeft.data import TokenizedTask
 from raypeft.modeling.build import build_model
 from raypeft.modeling.precision import resolve_precision
@@ -34,11 +34,13 @@ from raypeft.training.optimizer import (
     optimizer_step,
 )
 from raypeft.training.result_keys import (
+    EVALUATION_KEY,
     FAILURE_KEY,
     PRECISION_KEY,
     RESTARTED_KEY,
     RESUMED_KEY,
     TRIAL_STEPS_KEY,
+    evaluation_number,
 )
 from raypeft.training.resume import LoopState
 from raypeft.training.sampler import GlobalBatchSampler, training_batches
@@ -106,7 +108,7 @@ def train(
                 meter,
                 model,
                 precision,
-                cfg.train.max_steps,
+                cfg.train,
             )
             losses = []
             with checkpoint_folder(rank) as folder:
@@ -125,18 +127,21 @@ def evaluation_result(
     meter: TrialMeter,
     model: PromptedModel,
     precision: str,
-    max_steps: int,
+    train_cfg: TrainConfig,
 ) -> dict:
     """What a trial reports after an evaluation (``val``: its validation metrics), the best
     evaluation kept in ``loop`` first. Shared by :func:`train` and the members of a pack
-    (:mod:`raypeft.training.pack`), whose reports are those of a trial trained alone."""
+    (:mod:`raypeft.training.pack`), whose reports are those of a trial trained alone;
+    ``train_cfg`` is the trial's own (its length and evaluation interval may be searched)."""
     if target.improves(val, loop.best):
         loop.keep_best(best_record(val, loop.step), model.trainable_state_dict())
     metrics = evaluation_metrics(target, val, loop.best, train_loss, loop.step)
     metrics["epoch"] = (loop.step - 1) // per_epoch
     metrics.update(meter.metrics(loop, val, model))
     metrics[PRECISION_KEY] = precision
-    metrics[TRIAL_STEPS_KEY] = max_steps  # the trial's own length (train.max_steps may be searched)
+    metrics[TRIAL_STEPS_KEY] = train_cfg.max_steps
+    # the schedulers' clock: follows the steps, also when a trial started over from step 0
+    metrics[EVALUATION_KEY] = evaluation_number(loop.step, train_cfg.eval_every)
     if loop.resumed_from is not None:
         metrics[RESUMED_KEY] = loop.resumed_from
     if loop.restarted_because is not None:

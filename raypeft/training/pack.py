@@ -314,7 +314,7 @@ class Pack:
                 m.meter,
                 m.model,
                 m.precision,
-                m.spec.cfg.train.max_steps,
+                m.spec.cfg.train,
             )
             results[m.key] = {**metrics, **pack}
             m.losses, m.evaluated_at = [], m.loop.step

@@ -35,13 +35,22 @@ PACK_ID_KEY = "pack_id"
 PACK_SIZE_KEY = "pack_size"
 PACK_PADDING_KEY = "pack_padding_waste"
 
-# Facts about the trial itself, in every evaluation it reports, so that nothing downstream
-# recomputes them from the experiment file (where train.max_steps may be searched): the
-# trial's own length in steps, and the validation metric (its result key) and direction that
-# keep its checkpoint (raypeft.training.evaluation.TargetMetric).
+# The trial's own length in steps, in every evaluation it reports, so that nothing downstream
+# recomputes it from the experiment file (where train.max_steps may be searched).
 TRIAL_STEPS_KEY = "trial_max_steps"
-CHECKPOINT_METRIC_KEY = "checkpoint_metric"
-CHECKPOINT_MODE_KEY = "checkpoint_mode"
+
+# Which evaluation of its trial a result is: 1, 2, ... counted from the trial's step 0. The
+# schedulers' clock (their time_attr): Tune's own training_iteration counts the results the
+# trial reported over all its processes, so a trial started over after its checkpoint was
+# damaged would be judged at a rung it has not reached (its count goes on while its steps
+# start again); a trial resumed from a checkpoint continues both alike.
+EVALUATION_KEY = "evaluation"
+
+
+def evaluation_number(step: int, eval_every: int) -> int:
+    """Which evaluation of a trial the one at ``step`` is: a trial evaluates every
+    ``eval_every`` steps and at its last step (which may fall between two)."""
+    return -(-step // eval_every)  # ceil: the last step's evaluation is the next one
 
 
 def ran_to_end(result: Mapping[str, Any]) -> bool:

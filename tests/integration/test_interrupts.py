@@ -6,7 +6,10 @@ The search: 3 DePT trials on tiny-bert, one at a time, 1,000 steps each with an 
 (and checkpoint) every 100. The signal lands after the first trial finished and while the
 second is past a checkpoint. The SIGTERM test runs the trials in packs of two
 (``resources.trials_per_worker``): the signal lands while the third trains in a pack. The
-damaged-checkpoint test pauses a shorter search (2 trials of 800 steps) in its first trial.
+damaged-checkpoint test pauses a shorter search (2 trials of 800 steps, under ASHA) in its
+first trial. No resumed search prints Optuna's warning about a step reported twice: a
+restarted trial runs the steps after its checkpoint again, and raypeft does not report them
+to the study a second time.
 """
 
 from __future__ import annotations
@@ -40,10 +43,16 @@ STEPS, EVERY = 1000, 100
 STUDY, OVERRIDE = "tiny-dept", "train.head_lr=0.02"  # an override the resume line must repeat
 
 
-def _start(tmp_path: Path, packed: bool = False, trials: int = 3, steps: int = STEPS):
+def _start(
+    tmp_path: Path,
+    packed: bool = False,
+    trials: int = 3,
+    steps: int = STEPS,
+    scheduler: dict | None = None,
+):
     """The search: ``trials`` grid points of ``steps`` steps each; ``packed``: two trials at a
     time in one pack (trials_per_worker 2), so the signal lands while the third trial trains
-    in the pack its first two left."""
+    in the pack its first two left; ``scheduler``: none unless given."""
     path = tiny_experiment(
         tmp_path,
         train={"max_steps": steps, "eval_every": EVERY, "batch_size": 8, "head_lr": 0.01},
@@ -55,7 +64,7 @@ def _start(tmp_path: Path, packed: bool = False, trials: int = 3, steps: int = S
         search={
             "num_samples": trials,
             "max_concurrent": 2 if packed else 1,
-            "scheduler": {"type": "none"},
+            "scheduler": scheduler or {"type": "none"},
         },
         **({"resources": {"trials_per_worker": 2}} if packed else {}),
     )
@@ -122,6 +131,8 @@ def _resume(tmp_path: Path, line: str):
     resumed = run_cli(command[1:], cwd=tmp_path, timeout=900)
     (tmp_path / "resume.log").write_text(resumed.stdout + resumed.stderr)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # Optuna warns at a step reported twice; a restarted trial's repeated steps are not
+    assert "reported value is ignored" not in resumed.stdout + resumed.stderr
     return resumed
 
 
@@ -233,9 +244,16 @@ def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
     0, says so, and counts it as what it is (finished, not failed); the finished search's
     model damaged in MLflow's store, ``predict``, ``export`` and ``serve`` refuse it in one
     line naming the run and the file. (Two shorter trials, paused in the first: what is
-    damaged is all that matters here.)"""
+    damaged is all that matters here.)
+
+    Under ASHA, whose one rung is the trials' last evaluation (the 8th, its max_t): the trial
+    that started over runs its 8 evaluations to step 800. Judged on Tune's
+    training_iteration, which the restored trial continues from its checkpoint's count while
+    its steps start again, it would have been stopped at its 8th result, steps short of its
+    end, and counted as stopped early."""
     trials, steps = 2, 800
-    proc = _start(tmp_path, trials=trials, steps=steps)
+    asha = {"type": "asha", "grace_period": steps // EVERY}  # max_t: 8 evaluations
+    proc = _start(tmp_path, trials=trials, steps=steps, scheduler=asha)
     try:
         running = _midway(tmp_path, proc, steps)
         os.kill(proc.pid, signal.SIGINT)
@@ -256,6 +274,11 @@ def test_damaged_checkpoints_and_models_never_give_a_traceback(tmp_path):
     after = _assert_completed_once(tmp_path, parent.info.run_id, trials, steps)
     reason = after[running].data.tags["raypeft.restarted_because"]
     assert "state.safetensors: damaged" in reason and "started over" in reason
+    # what ASHA judged: the trial's evaluations, while Tune's count went on past them
+    restarted = [r for r in results(tmp_path / "ray_results") if r["trial_id"] == running]
+    last = max(restarted, key=lambda r: r["training_iteration"])
+    assert (last["step"], last["evaluation"]) == (steps, steps // EVERY)
+    assert last["training_iteration"] > last["evaluation"]
 
     best_run = client.get_run(parent.data.tags["raypeft.best_run_id"])
     stored = Path(best_run.info.artifact_uri.removeprefix("file://")) / "model"

@@ -28,6 +28,7 @@ from raypeft.training.checkpoints import CONFIG_FILE, TASK_FILE
 from raypeft.training.loop import train
 from raypeft.training.pack import MemberSpec, Pack, evaluate_members
 from raypeft.training.result_keys import (
+    EVALUATION_KEY,
     FAILURE_KEY,
     PACK_ID_KEY,
     PACK_PADDING_KEY,
@@ -155,6 +156,8 @@ def test_train_pack_keeps_the_pack_full_and_reports_each_member(task):
     assert sorted(best) == ["t0", "t1", "t2", "t3"]
     assert [len(reports[k]) for k in sorted(reports)] == [3, 1, 3, 3]
     assert reports["t2"][0][PACK_SIZE_KEY] == 2  # t2 took t1's slot
+    # each member's evaluations counted as its own (the schedulers' clock), from its step 0
+    assert [m[EVALUATION_KEY] for m in reports["t2"]] == [1, 2, 3]
     for spec in specs:  # the best evaluation each trial had, as alone (t1: its only one)
         expected = reports[spec.key][-1] if spec.key == "t1" else alone(spec.cfg, task)[-1]
         assert best[spec.key]["val_loss"] == pytest.approx(expected["best_val_loss"], rel=1e-4)

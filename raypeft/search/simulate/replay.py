@@ -39,7 +39,7 @@ from raypeft.search.simulate.table import Curve, CurveTable
 from raypeft.search.study import StudyPlan
 from raypeft.search.tuner import optuna_searcher, scheduler
 from raypeft.training.evaluation import TargetMetric, best_record, evaluation_metrics
-from raypeft.training.result_keys import TRIAL_STEPS_KEY
+from raypeft.training.result_keys import EVALUATION_KEY, TRIAL_STEPS_KEY
 
 
 @dataclass
@@ -256,6 +256,7 @@ class ReplayLoop:
         metrics.update(
             {
                 TRIAL_STEPS_KEY: curve.steps[-1],
+                EVALUATION_KEY: k + 1,  # the schedulers' clock (raypeft.search.tuner)
                 "training_iteration": k + 1,
                 "time_total_s": curve.wall_s[k],
                 "trial_id": replayed.trial.trial_id,
