@@ -29,6 +29,7 @@ So a member asks its server for the next report only after ``tune.report`` retur
 call is the acknowledgement, and the server holds the member (no steps) until it arrives. A
 stopped member leaves in its ``finally``; one whose process died is found by the server's
 watcher (a pending call to the dead actor fails with ``ActorDiedError``): its slot is free.
+A real Tune run pins both behaviours (tests/unit/test_private_reliance.py).
 """
 
 from __future__ import annotations

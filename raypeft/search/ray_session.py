@@ -18,7 +18,9 @@ _SINGLE_MACHINE_RAY = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 @contextlib.contextmanager
 def _loopback_node():
     """While a local Ray starts: its node address is 127.0.0.1, so it listens on loopback."""
-    from ray._private import ray_constants  # why: a private module, touched only here
+    # why: a private module, touched only here; what Ray does with the flag and its variable
+    # is pinned by tests/unit/test_private_reliance.py, the sockets by test_security.py
+    from ray._private import ray_constants
 
     before_env = os.environ.get(_SINGLE_MACHINE_RAY)
     before_flag = ray_constants.ENABLE_RAY_CLUSTER

@@ -5,7 +5,13 @@ raypeft's own searcher uses Ray's and Optuna's public APIs only (``search/search
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
 
 RAYPEFT = Path(__file__).resolve().parents[2] / "raypeft"
 
@@ -21,12 +27,38 @@ def test_a_restored_tuner_takes_this_processes_callbacks():
     assert isinstance(run_config, tune.RunConfig) and run_config.callbacks == []
 
 
-def test_a_local_ray_can_be_started_on_loopback_only():
+def test_with_the_cluster_flag_lowered_ray_takes_loopback_as_the_nodes_address():
     """Reason: ray.init() has no public switch to bind a one-machine Ray to 127.0.0.1;
-    search/ray_session.py lowers this flag while it starts one."""
-    from ray._private import ray_constants
+    search/ray_session.py lowers Ray's private ENABLE_RAY_CLUSTER in this process (and sets
+    its environment variable for the processes Ray starts) while it starts one, and Ray binds
+    every server of a node to the node's address. Pinned by what Ray does with them: the
+    address it resolves for a new node (what ray.init asks when it starts one) is loopback
+    under raypeft's context, in this process and in a Python process started with the
+    variable. That every socket of the Ray that raypeft starts listens on loopback, measured
+    with psutil: tests/unit/test_security.py::test_local_ray_listens_on_loopback_only."""
+    import ray
+    from ray._private import services
 
-    assert isinstance(ray_constants.ENABLE_RAY_CLUSTER, bool)
+    from raypeft.search.ray_session import _SINGLE_MACHINE_RAY, _loopback_node
+
+    assert not ray.is_initialized()  # a started node's address would be answered instead
+    with _loopback_node():
+        assert services.get_node_ip_address() == "127.0.0.1"
+        env = dict(os.environ)  # what the processes Ray starts inherit
+    assert env[_SINGLE_MACHINE_RAY] == "0"
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ray._private import services as s; print(s.get_node_ip_address())",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip().splitlines()[-1] == "127.0.0.1"
 
 
 def test_the_token_auth_notice_comes_from_the_logger_raypeft_quiets():
@@ -43,12 +75,106 @@ def test_the_token_auth_notice_comes_from_the_logger_raypeft_quiets():
     assert module.logger.name.startswith("ray._private.authentication.")
 
 
-def test_a_function_trainables_report_waits_for_tune():
-    """Reason: a packed trial steps again only after tune.report returned, which Ray 2.60's
-    train session makes wait until Tune asks for the next result (search/packs.py)."""
-    from ray.train._internal.session import _TrainSession
+@pytest.fixture
+def local_ray():
+    """A local Ray for this test, unless the process already has one."""
+    import ray
 
-    assert callable(_TrainSession._report_training_result)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            address="local",
+            num_cpus=1,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+        )
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _note(log: Path, line: str) -> None:
+    with log.open("a") as out:
+        out.write(line + "\n")
+
+
+def _trainable_noting_its_reports():
+    """A function trainable that notes each report, its return, and a stop (SystemExit).
+    Made here: Ray's workers cannot import a test module, and a closure travels by value."""
+
+    def report_four_times(config: dict) -> None:
+        from ray import tune
+
+        log = Path(config["log_dir"]) / config["name"]
+
+        def note(line: str) -> None:
+            with log.open("a") as out:
+                out.write(line + "\n")
+
+        for i in range(4):
+            note(f"report {i}")
+            try:
+                tune.report({"i": i})
+            except SystemExit:
+                note(f"stopped in report {i}")
+                raise
+            note(f"returned {i}")
+
+    return report_four_times
+
+
+def _judge(log_dir: Path):
+    """Tune's scheduler hook, noting for each result whether its report had returned (it is
+    given a second to), and stopping each trial at its result 1."""
+    from ray.tune.schedulers import FIFOScheduler, TrialScheduler
+
+    class Judge(FIFOScheduler):
+        def on_trial_result(self, tune_controller, trial, result):
+            log, i = log_dir / trial.config["name"], result["i"]
+            deadline = time.monotonic() + 1.0
+            while f"returned {i}" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            returned = f"returned {i}" in log.read_text()
+            _note(log, f"judged {i}" + (" after its report returned" if returned else ""))
+            return TrialScheduler.STOP if i == 1 else TrialScheduler.CONTINUE
+
+    return Judge()
+
+
+def test_a_function_trainables_report_returns_only_when_tune_goes_on(tmp_path, local_ray):
+    """Reason: a packed trial steps again only after tune.report returned (search/packs.py):
+    a function trainable's tune.report waits until Tune asks for the trial's next result,
+    which Tune does after its scheduler let the trial go on, and raises SystemExit in a
+    trial Tune stopped, here when Tune reuses its actor for the next trial (Ray 2.60's
+    ``_TrainSession._report_training_result``). Pinned by behaviour in a real Tune run: the
+    scheduler, judging each result, finds the trainable still inside that report; the trial
+    stopped at its result 1 leaves that report by SystemExit, before the next trial starts."""
+    from ray import tune
+
+    log_dir = tmp_path / "logs"
+    log_dir.mkdir()
+    tuner = tune.Tuner(
+        _trainable_noting_its_reports(),
+        param_space={"name": tune.grid_search(["a", "b"]), "log_dir": str(log_dir)},
+        tune_config=tune.TuneConfig(
+            scheduler=_judge(log_dir), max_concurrent_trials=1, reuse_actors=True
+        ),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "results"), verbose=0),
+    )
+    grid = tuner.fit()
+    assert not grid.errors
+    assert (log_dir / "a").read_text().splitlines() == [
+        "report 0",
+        "judged 0",
+        "returned 0",
+        "report 1",
+        "judged 1",
+        "stopped in report 1",
+    ]
+    assert (log_dir / "b").read_text().splitlines()[:5] == (log_dir / "a").read_text().splitlines()[
+        :5
+    ]
 
 
 def test_the_searcher_and_study_modules_touch_no_private_attribute_of_ray_or_optuna():
