@@ -27,38 +27,37 @@ def test_a_restored_tuner_takes_this_processes_callbacks():
     assert isinstance(run_config, tune.RunConfig) and run_config.callbacks == []
 
 
+def _node_address(script: str, env: dict) -> str:
+    """The node address Ray resolves in a fresh Python process running ``script`` (no Ray
+    started there: a started node's own address would be answered instead)."""
+    child = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    return child.stdout.strip().splitlines()[-1]
+
+
 def test_with_the_cluster_flag_lowered_ray_takes_loopback_as_the_nodes_address():
     """Reason: ray.init() has no public switch to bind a one-machine Ray to 127.0.0.1;
-    search/ray_session.py lowers Ray's private ENABLE_RAY_CLUSTER in this process (and sets
+    search/ray_session.py lowers Ray's private ENABLE_RAY_CLUSTER in its process (and sets
     its environment variable for the processes Ray starts) while it starts one, and Ray binds
     every server of a node to the node's address. Pinned by what Ray does with them: the
     address it resolves for a new node (what ray.init asks when it starts one) is loopback
-    under raypeft's context, in this process and in a Python process started with the
-    variable. That every socket of the Ray that raypeft starts listens on loopback, measured
-    with psutil: tests/unit/test_security.py::test_local_ray_listens_on_loopback_only."""
-    import ray
-    from ray._private import services
+    under raypeft's context, and in a Python process started with the variable. That every
+    socket of the Ray that raypeft starts listens on loopback, measured with psutil:
+    tests/unit/test_security.py::test_local_ray_listens_on_loopback_only."""
+    from raypeft.search.ray_session import _SINGLE_MACHINE_RAY
 
-    from raypeft.search.ray_session import _SINGLE_MACHINE_RAY, _loopback_node
-
-    assert not ray.is_initialized()  # a started node's address would be answered instead
-    with _loopback_node():
-        assert services.get_node_ip_address() == "127.0.0.1"
-        env = dict(os.environ)  # what the processes Ray starts inherit
-    assert env[_SINGLE_MACHINE_RAY] == "0"
-    child = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from ray._private import services as s; print(s.get_node_ip_address())",
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    env = {k: v for k, v in os.environ.items() if k != _SINGLE_MACHINE_RAY}
+    under_raypeft = (
+        "from ray._private import services\n"
+        "from raypeft.search.ray_session import _loopback_node\n"
+        "with _loopback_node():\n"
+        "    print(services.get_node_ip_address())\n"
     )
-    assert child.returncode == 0, child.stderr[-2000:]
-    assert child.stdout.strip().splitlines()[-1] == "127.0.0.1"
+    assert _node_address(under_raypeft, env) == "127.0.0.1"
+    started_by_ray = "from ray._private import services; print(services.get_node_ip_address())"
+    assert _node_address(started_by_ray, {**env, _SINGLE_MACHINE_RAY: "0"}) == "127.0.0.1"
 
 
 def test_the_token_auth_notice_comes_from_the_logger_raypeft_quiets():
