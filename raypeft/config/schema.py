@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import (
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -422,6 +423,17 @@ class ResourcesConfig(StrictModel):
                 f"but got {value:g}"
             )
         return value
+
+    @field_validator("use_gpu", mode="before")
+    @classmethod
+    def _true_false_or_auto(cls, value: Any) -> Any:
+        # one message for the union of a bool and "auto" (pydantic would give one per member)
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return TypeAdapter(bool).validate_python(value)
+        except ValidationError:
+            raise ValueError(f"must be true, false or auto (got {value!r})") from None
 
     @field_validator("use_gpu")
     @classmethod

@@ -7,7 +7,7 @@ The probe (:func:`run_probe`) times a few training steps of the search's own exp
 (K tasks of ``num_gpus: 1/K`` stepping together, each its own process and CUDA context) and,
 where the method packs, a pack of K on one backbone (one task of ``num_gpus: 1``).
 :func:`choose` takes the smallest K whose samples per second come within 10 % of the best that
-fits the GPU's memory with 10 % to spare; a pack only where it beats the best sharing by 10 %
+fits the GPU's memory with 10 % to spare; a pack only where it beats the fastest sharing by 10 %
 (a packed trial shares its dropout masks with the pack: statistically, not bit for bit, the
 trial it is alone, docs/packing.md).
 """
@@ -91,21 +91,19 @@ def choose(measured: list[Measured], total_mib: float | None) -> Choice:
         need = m.footprint_mib()
         return total_mib is None or need is None or need <= (1 - HEADROOM) * total_mib
 
+    def top(mode: str) -> float:
+        return max((m.samples_per_s for m in measured if m.mode == mode and fits(m)), default=0)
+
     def best(mode: str) -> Measured | None:
         ok = sorted((m for m in measured if m.mode == mode and fits(m)), key=lambda m: m.k)
-        if not ok:
-            return None
-        top = max(m.samples_per_s for m in ok)
-        return next(m for m in ok if m.samples_per_s >= (1 - WITHIN) * top)
+        return next((m for m in ok if m.samples_per_s >= (1 - WITHIN) * top(mode)), None)
 
     share, pack = best("share"), best("pack")
     if share is None and pack is None:
         return Choice("share", 1, "no measurement fitted the GPU: one trial per GPU")
     one = next((m for m in measured if m.mode == "share" and m.k == 1 and fits(m)), None)
     base = f" vs {one.samples_per_s:,.0f} at K=1" if one else ""
-    if pack is not None and (
-        share is None or pack.samples_per_s >= PACK_MARGIN * share.samples_per_s
-    ):
+    if pack is not None and pack.samples_per_s >= PACK_MARGIN * top("share"):
         speed = f"{pack.samples_per_s:,.0f} samples/s"
         return Choice("pack", pack.k, f"a pack of {pack.k}: {speed}{base}")
     return Choice("share", share.k, f"{share.samples_per_s:,.0f} samples/s at K={share.k}{base}")
