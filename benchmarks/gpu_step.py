@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +41,6 @@ from benchmarks.common.devices import (
     device_line,
     peak_mib,
     pick_device,
-    reset_peak_memory,
-    synchronize,
 )
 from benchmarks.common.processes import measure_together, together
 from benchmarks.common.tables import markdown_table, right_aligned_after
@@ -53,6 +49,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.modeling.backbones import HEAD_MODULE_NAMES, Backbone, backbone_dims, backbone_kind
 from raypeft.modeling.precision import backbone_dtype, cast_frozen, resolve_precision
 from raypeft.modeling.prompted import PromptedModel
+from raypeft.training import step_timing
 
 # Hugging Face configs of the backbones (the fields that set their shapes); MiniLM's is the
 # packaged all-MiniLM-L6-v2's config.json. "tiny" is for the benchmark's own test.
@@ -103,7 +100,6 @@ TINY_METHODS: dict[str, dict] = {
     "idpg": {"name": "idpg", "prompt_length": 2, "generator_hidden": 4, "generator": "dnn"},
     "ipt": {"name": "ipt", "strategy": "random", "prompt_length": 4},
 }
-TARGET_TOKENS = 3  # a seq2seq label as text: a word and the end token
 
 
 @dataclass(frozen=True)
@@ -176,30 +172,9 @@ def build(setting: Setting, device: torch.device) -> tuple[PromptedModel, Experi
 
 
 def random_batch(model: PromptedModel, setting: Setting, device: torch.device) -> dict:
-    """A full-length batch of random token ids, labels and the method's per-example features."""
-    b, s = setting.batch_size, setting.seq_len
-    vocab = model.dims.vocab_size
-    gen = torch.Generator().manual_seed(0)
-    batch = {
-        "input_ids": torch.randint(5, vocab, (b, s), generator=gen),
-        "attention_mask": torch.ones(b, s, dtype=torch.long),
-    }
-    if model.kind == "seq2seq":
-        batch["target_ids"] = torch.randint(5, vocab, (b, TARGET_TOKENS), generator=gen)
-    else:
-        batch["token_type_ids"] = torch.zeros(b, s, dtype=torch.long)
-        batch["labels"] = torch.randint(0, 2, (b,), generator=gen)
-    specs = model.method.config.feature_specs()
-    if specs:  # computed once per task before the trials (IDPG's M(x)): random here
-        width = model.dims.hidden_size
-        batch["features"] = {name: torch.randn(b, width, generator=gen) for name in specs}
-    return {k: _to(v, device) for k, v in batch.items()}
-
-
-def _to(value, device: torch.device):
-    if isinstance(value, dict):
-        return {k: v.to(device) for k, v in value.items()}
-    return value.to(device)
+    """A full-length batch of random token ids, labels and the method's per-example features
+    (:func:`raypeft.training.step_timing.random_batch`, which the search's GPU probe uses)."""
+    return step_timing.random_batch(model, setting.batch_size, setting.seq_len, device)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -222,25 +197,13 @@ def time_steps(setting: Setting, device: torch.device, barrier=None) -> dict:
 
 def timed_span(step, setting: Setting, device: torch.device, barrier=None) -> dict:
     """Time ``setting.steps`` calls of ``step`` (after the others at ``barrier``, if any):
-    the median step, the span's start and end, and the peak memory during it."""
-    synchronize(device)
-    reset_peak_memory(device)
-    if barrier is not None:
-        barrier.wait()
-    times = []
-    start = time.perf_counter()
-    for _ in range(setting.steps):
-        begin = time.perf_counter()
-        step()
-        synchronize(device)
-        times.append(time.perf_counter() - begin)
-    end = time.perf_counter()
-    return {
-        "step_s": statistics.median(times),
-        "start": start,
-        "end": end,
-        "peak_mib": peak_mib(device),
-    }
+    the median step, the span's start and end, and the peak memory during it
+    (:func:`raypeft.training.step_timing.time_steps`; on a CPU this process's peak RSS)."""
+    wait = barrier.wait if barrier is not None else None
+    timed = step_timing.time_steps(step, setting.steps, device, wait)
+    if device.type != "cuda":
+        timed["peak_mib"] = peak_mib(device)
+    return timed
 
 
 # ----------------------------------------------------------------------------- K trials

@@ -58,6 +58,8 @@ def command(
             failed += 1
             continue
         click.echo(ok_line(file, cfg, checked, address))
+        if checked.gpu_line:
+            click.echo(f"  {checked.gpu_line}")
         for note in checked.notes:
             click.echo(f"  note: {note}")
     if failed:

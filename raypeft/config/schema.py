@@ -15,6 +15,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import (
     Field,
+    TypeAdapter,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -339,12 +340,16 @@ class ResourcesConfig(StrictModel):
         ge=0,
         description="GPUs per worker: a fraction in (0, 1] shares one GPU between trials (0.25: "
         "four trials per GPU, Ray's fractional GPUs; memory is not partitioned), or a whole "
-        "number. 0 (default): none, or 1 with use_gpu: true",
+        "number. 0 (default): none, 1 with use_gpu: true, or chosen by use_gpu: auto",
     )
-    use_gpu: bool = Field(
-        False,
-        description="shorthand for gpus_per_worker: 1; beside a gpus_per_worker > 0 it is "
-        "redundant (that amount is used), and `use_gpu: false` beside it is an error",
+    use_gpu: bool | Literal["auto"] = Field(
+        "auto",
+        description="auto (default): trials go to a GPU when the Ray cluster has one, else the "
+        "CPU; how many share a GPU (or train as a pack) is chosen at the start of the search "
+        "from a short probe of step time and memory, cached per backbone, method and GPU "
+        "(docs/performance.md). true: shorthand for gpus_per_worker: 1; beside a "
+        "gpus_per_worker > 0 it is redundant (that amount is used), and `use_gpu: false` "
+        "beside it is an error. false: the CPU",
     )
     trial_runner: Literal["auto", "in_process", "ray_train"] = Field(
         "auto",
@@ -419,12 +424,23 @@ class ResourcesConfig(StrictModel):
             )
         return value
 
+    @field_validator("use_gpu", mode="before")
+    @classmethod
+    def _true_false_or_auto(cls, value: Any) -> Any:
+        # one message for the union of a bool and "auto" (pydantic would give one per member)
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        try:
+            return TypeAdapter(bool).validate_python(value)
+        except ValidationError:
+            raise ValueError(f"must be true, false or auto (got {value!r})") from None
+
     @field_validator("use_gpu")
     @classmethod
-    def _use_gpu_agrees(cls, value: bool, info: ValidationInfo) -> bool:
+    def _use_gpu_agrees(cls, value: bool | str, info: ValidationInfo) -> bool | str:
         # runs only when use_gpu is given; gpus_per_worker (declared before) is validated
         gpus = info.data.get("gpus_per_worker", 0)
-        if not value and gpus > 0:
+        if value is False and gpus > 0:
             raise ValueError(
                 f"`use_gpu: false` contradicts gpus_per_worker={gpus:g}: drop use_gpu "
                 "(gpus_per_worker > 0 uses a GPU)"
@@ -443,8 +459,17 @@ class ResourcesConfig(StrictModel):
 
     @property
     def gpus(self) -> float:
-        """GPUs per worker: ``gpus_per_worker``, else 1 with ``use_gpu: true``, else 0."""
+        """GPUs per worker: ``gpus_per_worker``, else 1 with ``use_gpu: true``, else 0. An
+        unresolved ``use_gpu: auto`` counts as 0 (its fallback, the CPU) until the search
+        resolves it on the cluster (:func:`raypeft.search.gpu_plan.plan_resources`)."""
+        if self.use_gpu == "auto":
+            return 0.0
         return float(self.gpus_per_worker or (1 if self.use_gpu else 0))
+
+    @property
+    def gpu_auto(self) -> bool:
+        """``use_gpu: auto``: the search decides GPU or CPU, and the sharing, when it starts."""
+        return self.use_gpu == "auto"
 
 
 # Where MLflow can keep an experiment's artefacts: object stores and file systems every reader
@@ -726,7 +751,8 @@ class ExperimentConfig(StrictModel):
     @model_validator(mode="after")
     def _fp16_needs_a_gpu(self) -> ExperimentConfig:
         # caught here rather than when every trial starts and fails on its CPU
-        if self.train.precision == "fp16" and not self.resources.gpus:
+        # use_gpu: auto may still find a GPU: the search refuses fp16 if it finds none
+        if self.train.precision == "fp16" and not (self.resources.gpus or self.resources.gpu_auto):
             raise ValueError(
                 "train.precision: fp16 needs a GPU (resources.use_gpu or gpus_per_worker > 0), "
                 "but the trials run on CPUs; use bf16 or auto there"

@@ -11,7 +11,9 @@ with the experiment file's name; nothing is created before all pass):
 5. stores (:mod:`raypeft.tracking.stores`): the tracking URI and Optuna storage can be
    opened, and a tracking server answers;
 6. resources (:mod:`raypeft.search.resources`): one trial fits this machine (a cluster,
-   ``address``, is checked once the search connects to it), and how many run at once.
+   ``address``, is checked once the search connects to it), and how many run at once;
+   ``use_gpu: auto`` is resolved when the search starts (:mod:`raypeft.search.gpu_plan`),
+   and what it will do is said here (``Checked.gpu_line``).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from raypeft.methods import BackboneDims
 from raypeft.preflight.data import check_task
 from raypeft.preflight.model import check_model, export_note
 from raypeft.preflight.settings import check_method_settings
-from raypeft.search.resources import check_fits, local_nodes, trials_at_once
+from raypeft.search.resources import auto_gpu_line, check_fits, local_nodes, trials_at_once
 from raypeft.tracking.stores import (
     check_database_answers,
     check_stores,
@@ -52,6 +54,7 @@ class Checked:
     resources_checked: bool  # False for a cluster (``address``): checked once connected
     trials_at_once: int | None = None  # on this machine; None for a cluster
     notes: tuple[str, ...] = ()  # what is allowed but worth knowing first (e.g. no export)
+    gpu_line: str | None = None  # use_gpu: auto, what it will do (None: the file says)
 
 
 def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None) -> Checked:
@@ -63,17 +66,22 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
         model = check_model(cfg.model, task.spec)
         settings = check_method_settings(cfg, model, source)
         _check_stores(cfg)
-        at_once = None
+        at_once, nodes = None, None
         if address is None:
             nodes = local_nodes()
             check_fits(cfg, nodes)
-            at_once = trials_at_once(cfg, nodes)
+            # use_gpu: auto with a GPU here: the search decides how many run at once
+            auto_on_gpu = cfg.resources.gpu_auto and any(n.get("GPU") for n in nodes)
+            at_once = None if auto_on_gpu else trials_at_once(cfg, nodes)
     except ConfigError as exc:
         text = str(exc)
         raise ConfigError(text if text.startswith(f"{source}: ") else f"{source}: {text}") from None
     note = export_note(cfg, model.dims)
     notes = (note,) if note else ()
-    return Checked(task.spec, task.sizes, model.dims, settings, address is None, at_once, notes)
+    gpu_line = auto_gpu_line(cfg, nodes, address) if cfg.resources.gpu_auto else None
+    return Checked(
+        task.spec, task.sizes, model.dims, settings, address is None, at_once, notes, gpu_line
+    )
 
 
 def _check_stores(cfg: ExperimentConfig) -> None:

@@ -2,9 +2,11 @@
 run at once?
 
 A trial asks for ``resources.workers_per_trial`` workers of ``resources.cpus_per_worker`` CPUs
-and ``resources.gpus_per_worker`` GPUs (``use_gpu: true`` is 1). A fraction of a GPU is Ray's
-fractional GPU: Ray places requests of 0.25 on one GPU until it is full, so four trials share
-it (compute and memory alike: Ray does not partition the GPU's memory). Ray places each worker
+and ``resources.gpus_per_worker`` GPUs (``use_gpu: true`` is 1; ``use_gpu: auto`` counts as the
+CPU here until the search resolves it on the cluster, :mod:`raypeft.search.gpu_plan`). A
+fraction of a GPU is Ray's fractional GPU: Ray places requests of 0.25 on one GPU until it is
+full, so four trials share it (compute and memory alike: Ray does not partition the GPU's
+memory). Ray places each worker
 on one node, so every worker must fit a single node, and together they must fit the cluster
 (workers of a Ray Train trial may spread over nodes). A request that can never be placed would
 leave Ray waiting forever; :func:`check_fits` rejects it before anything starts.
@@ -123,6 +125,25 @@ def describe_gpus(nodes: list[dict[str, float]]) -> str:
         what = f"{_num(gpus)} GPU{'s' if gpus > 1 else ''}" if gpus else "no GPU"
         parts.append(f"{count} node{'s' if count > 1 else ''} with {what}")
     return ", ".join(parts)
+
+
+def auto_gpu_line(cfg: Any, nodes: list[dict[str, float]] | None, address: str | None) -> str:
+    """What ``resources.use_gpu: auto`` will do, said before a search (``raypeft validate``):
+    on a cluster (``address``) it is decided when the search starts, from the GPUs Ray sees;
+    on this machine (``nodes``) the CPU, or the GPU with a sharing decided when it starts."""
+    if address:
+        return (
+            f"resources: use_gpu auto → decided at the start of the search from the GPUs Ray "
+            f"sees on the cluster at {address} (none: the CPU)"
+        )
+    gpus = sum(n.get("GPU", 0.0) for n in nodes or [])
+    if not gpus:
+        return "resources: use_gpu auto → no GPU on this machine: the CPU"
+    return (
+        f"resources: use_gpu auto → {_num(gpus)} GPU{'s' if gpus > 1 else ''} on this machine: "
+        "the GPU; how many trials share one is decided at the start of the search (a short "
+        "probe of step time and memory, cached per backbone, method and GPU type)"
+    )
 
 
 def check_fits(cfg: Any, nodes: list[dict[str, float]], where: str = "this machine") -> None:

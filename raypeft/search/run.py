@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import optuna
 import ray
+import yaml
 from mlflow.entities import Run, RunTag
 from mlflow.tracking import MlflowClient
 from ray.tune import ResultGrid
@@ -35,6 +36,7 @@ from raypeft.data.tasks import check_batch_fits
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.modeling.backbones import backbone_dims, frozen_backbone, load_config
+from raypeft.search.gpu_plan import plan_resources, resolved, sharing
 from raypeft.search.interrupted import config_hash, find_interrupted_search
 from raypeft.search.interrupts import Interrupts, SearchInterrupted
 from raypeft.search.objectives import (
@@ -57,7 +59,7 @@ from raypeft.search.progress import ProgressPrinter
 from raypeft.search.publish import open_lineage, publish_best
 from raypeft.search.ray_session import init_ray
 from raypeft.search.repeats import run_repeats
-from raypeft.search.resources import check_fits, cluster_nodes, describe_placement
+from raypeft.search.resources import check_fits, cluster_nodes, describe_placement, local_nodes
 from raypeft.search.results import TrialResult, trial_results
 from raypeft.search.space import candidate_methods
 from raypeft.search.study import StudyPlan, fail_orphans, plan_study, record_chosen
@@ -78,7 +80,7 @@ from raypeft.tracking.callback import (
     open_experiment,
     start_parent_run,
 )
-from raypeft.tracking.runs import reopen_run, tracking_uri
+from raypeft.tracking.runs import parent_runs, reopen_run, tracking_uri
 from raypeft.tracking.stores import check_store, check_tracking_store, tracking_client
 from raypeft.tracking.tags import (
     CONFIG_HASH_TAG,
@@ -253,6 +255,7 @@ def prepare(cfg: ExperimentConfig, opts: SearchOptions) -> Prepared:
     _quiet_loggers()
     uri = tracking_uri(cfg.tracking.uri)
     check_tracking_store(uri, redact_uri(uri))  # first: a dead server fails in seconds
+    cfg = _resolve_resources(cfg, uri, opts)  # use_gpu: auto, the search's first line
     client, interrupted = _find_interrupted(cfg, uri, opts.source) if opts.resume else (None, None)
     opts.say(
         f"Preparing task {cfg.task.name!r} for {cfg.model.name} (s={cfg.model.max_length}) ..."
@@ -275,6 +278,56 @@ def prepare(cfg: ExperimentConfig, opts: SearchOptions) -> Prepared:
     if opts.address:  # a cluster: can it ever place one trial? (locally the CLI checked already)
         _join_cluster(cfg, opts)
     return Prepared(cfg, uri, data, objectives, constraints, dims, client, interrupted)
+
+
+def _resolve_resources(cfg: ExperimentConfig, uri: str, opts: SearchOptions) -> ExperimentConfig:
+    """``resources.use_gpu: auto`` resolved on the nodes that will run the trials (a cluster
+    is joined, and a local Ray started, for it only where GPUs may be there), said first;
+    ``--resume`` takes the interrupted search's resolution. Other files pass unchanged."""
+    if not cfg.resources.gpu_auto:
+        return cfg
+    recorded = _recorded_resources(cfg, uri) if opts.resume else None
+    if recorded is not None:
+        opts.say("resources: use_gpu auto → as the interrupted search resolved it: "
+                 f"{sharing(recorded) if recorded.resources.gpus else 'the CPU'}")  # fmt: skip
+        return recorded
+    nodes, where = _planning_nodes(opts)
+    plan = plan_resources(cfg, nodes, where=where)
+    opts.say(plan.line)
+    if not opts.address:  # a cluster is checked once joined (_join_cluster)
+        check_fits(plan.cfg, nodes, where)
+    return plan.cfg
+
+
+def _planning_nodes(opts: SearchOptions) -> tuple[list[dict[str, float]], str]:
+    """The nodes the trials will run on, and their name: the cluster's (joined now), the
+    running Ray's, or this machine's, for which a local Ray starts now only with a GPU (a
+    probe runs on it as Ray tasks)."""
+    if opts.address:
+        init_ray(opts.address, opts.quiet)
+        return cluster_nodes(), f"the cluster at {opts.address}"
+    if not ray.is_initialized() and not any(n.get("GPU") for n in local_nodes()):
+        return local_nodes(), "this machine"
+    init_ray(None, opts.quiet)  # started with this machine's GPUs (or the Ray running here)
+    return cluster_nodes(), "this machine"
+
+
+def _recorded_resources(cfg: ExperimentConfig, uri: str) -> ExperimentConfig | None:
+    """The interrupted search's resolved resources (its parent run's parameters), applied to
+    ``cfg``; None where there is no such search (``--resume`` then says so)."""
+    try:
+        check_store(uri)
+        client = tracking_client(uri)
+        experiment = client.get_experiment_by_name(cfg.tracking.experiment or cfg.name)
+        runs = parent_runs(client, experiment.experiment_id) if experiment else []
+    except ConfigError:
+        return None
+    params = runs[0].data.params if runs else {}
+    keys = ("use_gpu", "gpus_per_worker", "trials_per_worker")
+    if not all(f"resources.{k}" in params for k in keys):
+        return None
+    values = {k: yaml.safe_load(params[f"resources.{k}"]) for k in keys}
+    return resolved(cfg, **values)
 
 
 def _quiet_loggers() -> None:

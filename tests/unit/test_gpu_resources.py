@@ -29,22 +29,24 @@ def cfg(**resources) -> ExperimentConfig:
 
 
 @pytest.mark.parametrize(
-    "resources,gpus",
+    "resources,gpus,use_gpu",
     [
-        ({}, 0.0),
-        ({"use_gpu": True}, 1.0),  # the shorthand
-        ({"gpus_per_worker": 0.25}, 0.25),
-        ({"gpus_per_worker": 0.25, "use_gpu": True}, 0.25),  # both: the amount wins
-        ({"gpus_per_worker": 0, "use_gpu": True}, 1.0),  # 0 is "not given"
-        ({"gpus_per_worker": 2}, 2.0),
+        # the default: the search resolves it (raypeft.search.gpu_plan); until then the CPU
+        ({}, 0.0, "auto"),
+        ({"use_gpu": False}, 0.0, False),
+        ({"use_gpu": True}, 1.0, True),  # the shorthand
+        ({"gpus_per_worker": 0.25}, 0.25, True),
+        ({"gpus_per_worker": 0.25, "use_gpu": True}, 0.25, True),  # both: the amount wins
+        ({"gpus_per_worker": 0, "use_gpu": True}, 1.0, True),  # 0 is "not given"
+        ({"gpus_per_worker": 2}, 2.0, True),
     ],
 )
-def test_gpus_per_worker_and_the_use_gpu_shorthand(resources, gpus):
+def test_gpus_per_worker_and_the_use_gpu_shorthand(resources, gpus, use_gpu):
     config = cfg(**resources)
     assert config.resources.gpus == gpus
     # a trial validates the dumped config again (its workers receive it as JSON)
     again = ExperimentConfig.model_validate(config.model_dump(mode="json"))
-    assert again.resources.gpus == gpus and again.resources.use_gpu == (gpus > 0)
+    assert again.resources.gpus == gpus and again.resources.use_gpu == use_gpu
 
 
 def _trainable_request(config: ExperimentConfig, monkeypatch):

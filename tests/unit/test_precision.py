@@ -181,6 +181,10 @@ def test_precision_defaults_to_auto():
 
 def test_validation_refuses_fp16_for_cpu_trials():
     base = {"name": "x", "method": {"name": "pt"}, "train": {"precision": "fp16"}}
+    cpu = {**base, "resources": {"use_gpu": False}}
     with pytest.raises(ConfigError, match=r"^x.yaml: train.precision: fp16 needs a GPU"):
-        validate_experiment(base, "x.yaml")
+        validate_experiment(cpu, "x.yaml")
     assert validate_experiment({**base, "resources": {"use_gpu": True}}, "x.yaml")
+    # use_gpu: auto (the default) may find a GPU: the search refuses fp16 where it finds none
+    # (tests/unit/test_gpu_auto.py)
+    assert validate_experiment(base, "x.yaml")

@@ -138,10 +138,9 @@ def check_result(result, case: Case, before: set[str], tmp: Path, hits: list[str
         f"{case.id}: stderr is not one error line:\n{result.stderr}"
     )
     line = errors[0]
-    # stdout may hold tune's progress ("Preparing task ..."), nothing else
-    others = [
-        x for x in result.stdout.splitlines() if x.strip() and not x.startswith("Preparing task")
-    ]
+    # stdout may hold tune's progress (its resources line, "Preparing task ..."), nothing else
+    progress = ("Preparing task", "resources: use_gpu auto")
+    others = [x for x in result.stdout.splitlines() if x.strip() and not x.startswith(progress)]
     assert not others, f"{case.id}: unexpected output {others}"
     assert "Traceback" not in result.output
     for part in case.expect:
