@@ -69,9 +69,7 @@ def _driver_peak_mb() -> float:
 def _start_ray(concurrency: int) -> None:
     import ray  # why: each cell's own interpreter starts its own Ray
 
-    ray.init(
-        address="local", num_cpus=concurrency, include_dashboard=False, log_to_driver=False
-    )
+    ray.init(address="local", num_cpus=concurrency, include_dashboard=False, log_to_driver=False)
 
 
 def bare_tune(cell: dict[str, Any], work: Path) -> dict[str, Any]:
@@ -114,9 +112,13 @@ def replay_table(path: Path, experiment: dict[str, Any]) -> None:
     from raypeft.search.simulate.table import Curve, CurveTable
 
     curves = [
-        Curve({"method.lr_prompt": a, "method.lr_lowrank": b}, 0, list(STEPS),
-              {"val_loss": [1 - a * b] * 3, "val_accuracy": [a * b / 3, a * b / 2, a * b]},
-              [1.0, 2.0, 3.0])  # fmt: skip
+        Curve(
+            {"method.lr_prompt": a, "method.lr_lowrank": b},
+            0,
+            list(STEPS),
+            {"val_loss": [1 - a * b] * 3, "val_accuracy": [a * b / 3, a * b / 2, a * b]},
+            [1.0, 2.0, 3.0],
+        )  # fmt: skip
         for a in VALUES
         for b in VALUES
     ]
@@ -132,9 +134,14 @@ def raypeft_search(cell: dict[str, Any], work: Path) -> dict[str, Any]:
         "name": "overhead",
         **TINY,
         "space": {k: {"choice": VALUES} for k in ("method.lr_prompt", "method.lr_lowrank")},
-        "search": {"num_samples": cell["size"], "sampler": "random", "answer_repeats": False,
-                   "max_concurrent": cell["concurrency"], "scheduler": {"type": "none"},
-                   "storage": cell["optuna_url"]},  # fmt: skip
+        "search": {
+            "num_samples": cell["size"],
+            "sampler": "random",
+            "answer_repeats": False,
+            "max_concurrent": cell["concurrency"],
+            "scheduler": {"type": "none"},
+            "storage": cell["optuna_url"],
+        },  # fmt: skip
         "resources": {"trial_runner": "replay"},
         "replay": {"table": str(work / "table.json"), "time_scale": 0},
         "tracking": {"uri": cell["mlflow_url"]},
@@ -234,24 +241,31 @@ def run_grid(args: argparse.Namespace) -> list[dict[str, Any]]:
     out.parent.mkdir(parents=True, exist_ok=True)
     done, rows = done_cells(out), []
     for kind in args.stores:
-        with tempfile.TemporaryDirectory(prefix="overhead-") as tmp, stores(kind, Path(tmp)) as urls:
-            for conc in args.concurrency:
-                for size in args.sizes:
-                    for layer in args.layers:
-                        cell = {"store": kind, "concurrency": conc, "size": size, "layer": layer}
-                        if cell_key(cell) in done:
-                            continue
-                        name = f"{layer}_{conc}_{size}"
-                        (Path(tmp) / name).mkdir()
-                        mlflow_url, optuna_url = urls(name)
-                        cell.update(work=str(Path(tmp) / name), mlflow_url=mlflow_url,
-                                    optuna_url=optuna_url)  # fmt: skip
-                        row = measure(cell, args.timeout)
-                        with out.open("a") as stream:
-                            stream.write(json.dumps(row) + "\n")
-                        rows.append(row)
-                        print(summary_line(row), flush=True)
+        with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
+            work = Path(tmp)
+            with stores(kind, work) as urls:
+                for cell in _cells(args, kind, done):
+                    name = f"{cell['layer']}_{cell['concurrency']}_{cell['size']}"
+                    (work / name).mkdir()
+                    mlflow_url, optuna_url = urls(name)
+                    cell.update(work=str(work / name), mlflow_url=mlflow_url,
+                                optuna_url=optuna_url)  # fmt: skip
+                    row = measure(cell, args.timeout)
+                    with out.open("a") as stream:
+                        stream.write(json.dumps(row) + "\n")
+                    rows.append(row)
+                    print(summary_line(row), flush=True)
     return rows
+
+
+def _cells(args: argparse.Namespace, store: str, done: set[tuple]) -> Iterator[dict[str, Any]]:
+    """The grid's cells of ``store`` not measured yet, smallest concurrency and size first."""
+    for conc in args.concurrency:
+        for size in args.sizes:
+            for layer in args.layers:
+                cell = {"store": store, "concurrency": conc, "size": size, "layer": layer}
+                if cell_key(cell) not in done:
+                    yield cell
 
 
 def summary_line(row: dict[str, Any]) -> str:
