@@ -351,10 +351,12 @@ class ResourcesConfig(StrictModel):
         "gpus_per_worker > 0 it is redundant (that amount is used), and `use_gpu: false` "
         "beside it is an error. false: the CPU",
     )
-    trial_runner: Literal["auto", "in_process", "ray_train"] = Field(
+    trial_runner: Literal["auto", "in_process", "ray_train", "replay"] = Field(
         "auto",
         description="auto: single-worker trials train inside the Tune trainable (faster, see "
-        "README), multi-worker trials in a Ray Train TorchTrainer, on CPU or GPU alike",
+        "README), multi-worker trials in a Ray Train TorchTrainer, on CPU or GPU alike; "
+        "replay: no training, each trial reports the curve replay.table recorded for its "
+        "configuration (a demo of a whole search; the platform's own cost measured)",
     )
     trials_per_worker: int = Field(
         1,
@@ -562,6 +564,23 @@ class TrackingConfig(StrictModel):
         return self.register_model
 
 
+class ReplayConfig(StrictModel):
+    """``resources.trial_runner: replay``: trials report a recorded learning-curve table's
+    values instead of training (``raypeft table`` writes such tables)."""
+
+    table: str | None = Field(
+        None,
+        description="a learning-curve table (JSON, from `raypeft table`) holding a curve for "
+        "every configuration the space can propose; required with trial_runner: replay",
+    )
+    time_scale: float = Field(
+        0.01,
+        ge=0,
+        description="each evaluation is reported after its recorded seconds times this: 1 as "
+        "recorded, 0.01 a 4-minute trial in 2.4 s, 0 at once",
+    )
+
+
 class RunConfig(StrictModel):
     """Where Ray keeps results and checkpoints, and how trials survive failures."""
 
@@ -604,6 +623,7 @@ class ExperimentConfig(StrictModel):
     resources: ResourcesConfig = ResourcesConfig()
     tracking: TrackingConfig = TrackingConfig()
     run: RunConfig = RunConfig()
+    replay: ReplayConfig = ReplayConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -734,10 +754,11 @@ class ExperimentConfig(StrictModel):
     @model_validator(mode="after")
     def _batch_splits_over_workers(self) -> ExperimentConfig:
         workers = self.resources.workers_per_trial
-        if self.resources.trial_runner == "in_process" and workers != 1:
+        runner = self.resources.trial_runner
+        if runner in ("in_process", "replay") and workers != 1:
             raise ValueError(
                 "resources.workers_per_trial: `workers_per_trial == 1` must hold with "
-                "trial_runner: in_process (it trains in the Tune trial itself), but got "
+                f"trial_runner: {runner} (it runs in the Tune trial itself), but got "
                 f"workers_per_trial={workers}; use trial_runner: ray_train or auto for DDP"
             )
         if self.train.batch_size % workers:
@@ -745,6 +766,28 @@ class ExperimentConfig(StrictModel):
                 f"train.batch_size: `batch_size % resources.workers_per_trial == 0` must hold "
                 f"(DDP splits the global batch evenly over the workers), but got "
                 f"batch_size={self.train.batch_size}, workers_per_trial={workers}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _replay_has_a_table(self) -> ExperimentConfig:
+        replaying = self.resources.trial_runner == "replay"
+        if replaying and not self.replay.table:
+            raise ValueError(
+                "replay.table: resources.trial_runner: replay needs a learning-curve table "
+                "(`raypeft table ... --out FILE`), but none was given"
+            )
+        if self.replay.table and not replaying:
+            raise ValueError(
+                f"replay.table: set ({self.replay.table}), but trials train "
+                f"(resources.trial_runner: {self.resources.trial_runner}); set "
+                "resources.trial_runner: replay, or leave replay.table out"
+            )
+        if replaying and self.resources.trials_per_worker > 1:
+            raise ValueError(
+                "resources.trials_per_worker: `trials_per_worker == 1` must hold with "
+                f"trial_runner: replay (replayed trials do not train), but got "
+                f"{self.resources.trials_per_worker}"
             )
         return self
 

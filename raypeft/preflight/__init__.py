@@ -7,7 +7,8 @@ with the experiment file's name; nothing is created before all pass):
 2. files and data (:mod:`.data`): the task, its files, every row, the batch size;
 3. model (:mod:`.model`): the name resolves offline, its config and tokenizer load;
 4. method settings (:mod:`.settings`): every setting the space can produce, through the
-   hooks of the method's config;
+   hooks of the method's config; with ``trial_runner: replay``, a recorded curve for each
+   (:func:`raypeft.search.replay_trials.check_replayable`);
 5. stores (:mod:`raypeft.tracking.stores`): the tracking URI and Optuna storage can be
    opened, and a tracking server answers;
 6. resources (:mod:`raypeft.search.resources`): one trial fits this machine (a cluster,
@@ -29,6 +30,7 @@ from raypeft.methods import BackboneDims
 from raypeft.preflight.data import check_task
 from raypeft.preflight.model import check_model, export_note
 from raypeft.preflight.settings import check_method_settings
+from raypeft.search.replay_trials import check_replayable, load_replay_table
 from raypeft.search.resources import auto_gpu_line, check_fits, local_nodes, trials_at_once
 from raypeft.tracking.stores import (
     check_database_answers,
@@ -65,6 +67,8 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
         task = check_task(cfg)
         model = check_model(cfg.model, task.spec)
         settings = check_method_settings(cfg, model, source)
+        if cfg.resources.trial_runner == "replay":  # every trial has a recorded curve
+            check_replayable(cfg, load_replay_table(cfg))
         _check_stores(cfg)
         at_once, nodes = None, None
         if address is None:

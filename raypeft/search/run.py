@@ -505,6 +505,11 @@ def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
         resume=records.resuming,
         say=opts.say,
     )
+    if cfg.resources.trial_runner == "replay":
+        opts.say(
+            f"  replaying {cfg.replay.table} (no training): each evaluation after its recorded "
+            f"seconds x {cfg.replay.time_scale:g}"
+        )
     opts.say(
         f"Searching: {cfg.search.num_samples} trials, "
         f"{describe_placement(cfg, max_concurrent(cfg))}, sampler {cfg.search.sampler}, "
@@ -594,10 +599,12 @@ def finish(
     cfg, data, tracker = prep.cfg, prep.data, records.tracker
     folder = tracker.best_checkpoint_dir(outcome.best.trial_id)
     test = {}
-    if folder is not None:
+    if cfg.resources.trial_runner == "replay":  # its checkpoints hold untrained models
+        opts.say("Replayed trials: the test split is not scored (the table records validation)")
+    elif folder is not None:
         opts.say("Evaluating the best configuration on the test split ...")
         test = score_on_test(cfg, data, folder)
-    if outcome.repeats:
+    if outcome.repeats and cfg.resources.trial_runner != "replay":
         chosen = outcome.ranked_repeats[0]
         test.update(score_seeds_on_test(cfg, data, chosen, tracker, opts.say))
     summary = _summary(prep, records, outcome, test, wall_s=time.time() - start)

@@ -160,7 +160,8 @@ def _train_worker(loop_config: dict) -> None:
 
 def use_ray_train(cfg: ExperimentConfig) -> bool:
     """``auto``: in-process for one worker (measured faster, see README), else Ray Train;
-    a GPU does not change this (an in-process trial trains on the GPU Ray assigned it)."""
+    a GPU does not change this (an in-process trial trains on the GPU Ray assigned it);
+    replayed trials run in the Tune trial too."""
     runner = cfg.resources.trial_runner
     if runner == "auto":
         return cfg.resources.workers_per_trial > 1
@@ -190,6 +191,19 @@ def trainable_for(cfg: ExperimentConfig, data_ref: ray.ObjectRef):
     (fractional) GPUs in process, or a driver's sliver beside its Ray Train workers."""
     res = cfg.resources
     threads = cfg.train.num_threads or max(1, int(res.cpus_per_worker))
+    if res.trial_runner == "replay":  # no training: the recorded curves
+        # why: replay_trials reads tables through search.simulate, whose package imports the
+        # tuner, which imports this module
+        from raypeft.search.replay_trials import load_replay_table, trial_replayed
+
+        replayed = tune.with_parameters(
+            trial_replayed,
+            base=cfg.model_dump(mode="json"),
+            data_ref=[data_ref],
+            table=load_replay_table(cfg),
+            time_scale=cfg.replay.time_scale,
+        )
+        return tune.with_resources(replayed, worker_request(cfg))
     with_ray_train = use_ray_train(cfg)
     fn = trial_with_ray_train if with_ray_train else trial_in_process
     wrapped = tune.with_parameters(

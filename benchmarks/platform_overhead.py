@@ -1,0 +1,325 @@
+"""The platform's own cost per trial, from 10 to 1,000 trials (issue 41).
+
+Three layers, each the same number of zero-time trials of three evaluations, at most C at a
+time, Ray told of C CPUs:
+
+- ``tune``: bare Ray Tune, a function that only reports (no raypeft, MLflow or Optuna);
+- ``tune_optuna``: the same with Tune's ``OptunaSearch`` on an RDB study in the store;
+- ``raypeft``: ``raypeft``'s whole search with replayed trials (``resources.trial_runner:
+  replay``, ``replay.time_scale: 0``): the Optuna study, the MLflow runs, checkpoints, the
+  live table's callback, the registry and the summary; only training replaced.
+
+Each cell runs in a fresh interpreter (its own Ray, its driver's peak memory alone) and
+appends one JSON line to ``--out`` as it ends; a cell already there is skipped (resumable).
+Stores: ``sqlite`` (embedded files) or ``postgres`` (a real server this benchmark starts,
+``tests/servers.py``; one fresh database per cell for MLflow and one for Optuna).
+
+    python -m benchmarks.platform_overhead --sizes 10,100,1000 --concurrency 2,8,32 \\
+        --stores sqlite,postgres --out benchmarks/results/platform_overhead.jsonl
+
+Time it alone on the machine: a run beside other work is not a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common.paths import REPO, RESULTS
+
+LAYERS = ("tune", "tune_optuna", "raypeft")
+STEPS = [4, 8, 12]  # three evaluations per trial (the tiny search's train.max_steps 12)
+VALUES = [round(0.1 * i, 1) for i in range(1, 11)]  # ten values per searched key
+TINY = {
+    "model": {"name": "tiny-bert", "max_length": 16},
+    "task": {"name": "tweet_sentiment", "max_train_examples": 160, "max_eval_examples": 48},
+    "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
+    "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
+}
+
+
+def cell_key(cell: dict[str, Any]) -> tuple:
+    return (cell["store"], cell["concurrency"], cell["size"], cell["layer"])
+
+
+def done_cells(out: Path) -> set[tuple]:
+    """The cells ``out`` holds already (a resumed run skips them)."""
+    if not out.exists():
+        return set()
+    return {cell_key(json.loads(line)) for line in out.read_text().splitlines() if line.strip()}
+
+
+# ----------------------------------------------------------------------------- one cell
+
+
+def _driver_peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def _start_ray(concurrency: int) -> None:
+    import ray  # why: each cell's own interpreter starts its own Ray
+
+    ray.init(address="local", num_cpus=concurrency, include_dashboard=False, log_to_driver=False)
+
+
+def bare_tune(cell: dict[str, Any], work: Path) -> dict[str, Any]:
+    """Bare Ray Tune (with ``OptunaSearch`` on the cell's Optuna store for ``tune_optuna``)."""
+    import optuna
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    def trainable(config: dict) -> None:
+        for step in STEPS:
+            tune.report({"val_accuracy": config["a"] * config["b"], "step": step})
+
+    search = None
+    space = {"a": tune.choice(VALUES), "b": tune.choice(VALUES)}
+    if cell["layer"] == "tune_optuna":
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        storage = optuna.storages.RDBStorage(cell["optuna_url"])
+        search = OptunaSearch(metric="val_accuracy", mode="max", storage=storage, seed=0,
+                              study_name="bare")  # fmt: skip
+    tuner = tune.Tuner(
+        trainable,
+        param_space=space,
+        tune_config=tune.TuneConfig(
+            metric="val_accuracy",
+            mode="max",
+            search_alg=search,
+            num_samples=cell["size"],
+            max_concurrent_trials=cell["concurrency"],
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(storage_path=str(work / "ray"), verbose=0),
+    )
+    start = time.perf_counter()
+    results = tuner.fit()
+    return {"fit_s": time.perf_counter() - start, "trials": len(results)}
+
+
+def replay_table(path: Path, experiment: dict[str, Any]) -> None:
+    """A table of 100 configurations (10 x 10), one seed each, three evaluations."""
+    from raypeft.search.simulate.table import Curve, CurveTable
+
+    curves = [
+        Curve(
+            {"method.lr_prompt": a, "method.lr_lowrank": b},
+            0,
+            list(STEPS),
+            {"val_loss": [1 - a * b] * 3, "val_accuracy": [a * b / 3, a * b / 2, a * b]},
+            [1.0, 2.0, 3.0],
+        )  # fmt: skip
+        for a in VALUES
+        for b in VALUES
+    ]
+    CurveTable(experiment, "accuracy", "max", {}, curves).save(path)
+
+
+def raypeft_search(cell: dict[str, Any], work: Path) -> dict[str, Any]:
+    """raypeft's whole search over replayed zero-time trials."""
+    from raypeft.config.schema import ExperimentConfig
+    from raypeft.search.run import run_experiment
+
+    data = {
+        "name": "overhead",
+        **TINY,
+        "space": {k: {"choice": VALUES} for k in ("method.lr_prompt", "method.lr_lowrank")},
+        "search": {
+            "num_samples": cell["size"],
+            "sampler": "random",
+            "answer_repeats": False,
+            "max_concurrent": cell["concurrency"],
+            "scheduler": {"type": "none"},
+            "storage": cell["optuna_url"],
+        },  # fmt: skip
+        "resources": {"trial_runner": "replay"},
+        "replay": {"table": str(work / "table.json"), "time_scale": 0},
+        "tracking": {"uri": cell["mlflow_url"]},
+        "run": {"storage_path": str(work / "ray")},
+    }
+    replay_table(work / "table.json", data)
+    # not quiet: the live table runs as in a real search; its lines go nowhere
+    cfg = ExperimentConfig.model_validate(data)
+    summary = run_experiment(cfg, printer=lambda *_: None, progress_interval=5.0)
+    return {
+        "fit_s": summary.phase_s["fit"],
+        "phase_s": summary.phase_s,
+        "wall_s": summary.wall_s,
+        "trials": summary.num_trials,
+    }
+
+
+def store_rows(url: str) -> dict[str, int]:
+    """Rows per table of a store (MLflow's or Optuna's), empty tables left out."""
+    import sqlalchemy
+
+    engine = sqlalchemy.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            names = sqlalchemy.inspect(conn).get_table_names()
+            counts = {
+                name: conn.execute(sqlalchemy.text(f'SELECT COUNT(*) FROM "{name}"')).scalar()
+                for name in names
+            }
+    finally:
+        engine.dispose()
+    return {name: n for name, n in counts.items() if n}
+
+
+def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
+    """One measurement, in this (fresh) interpreter."""
+    work = Path(cell["work"])
+    _start_ray(cell["concurrency"])
+    if cell["layer"] == "raypeft":
+        measured = raypeft_search(cell, work)
+    else:
+        measured = bare_tune(cell, work)
+    measured["per_trial_ms"] = 1000 * measured["fit_s"] / cell["size"]
+    measured["driver_peak_mb"] = _driver_peak_mb()
+    if cell["layer"] == "raypeft":
+        measured["mlflow_rows"] = store_rows(cell["mlflow_url"])
+    if cell["layer"] != "tune":
+        measured["optuna_rows"] = store_rows(cell["optuna_url"])
+    keep = ("store", "concurrency", "size", "layer")
+    return {**{k: cell[k] for k in keep}, **measured}
+
+
+# ----------------------------------------------------------------------------- the grid
+
+
+@contextlib.contextmanager
+def stores(kind: str, work: Path) -> Iterator[Any]:
+    """A function ``name -> (mlflow_url, optuna_url)`` of fresh, empty stores per cell."""
+    if kind == "sqlite":
+        yield lambda name: (
+            f"sqlite:///{work / name / 'mlflow.db'}",
+            f"sqlite:///{work / name / 'optuna.db'}",
+        )
+        return
+    from tests.servers import postgres_server  # why: the real server the tests start
+
+    with postgres_server(work) as server:
+        yield lambda name: (
+            server.create_database(f"mlflow_{name}"),
+            server.create_database(f"optuna_{name}"),
+        )
+
+
+def measure(cell: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Run one cell in a fresh interpreter; its JSON line, or what went wrong."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0",
+           "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
+           "RAY_AUTH_MODE": "disabled"}  # fmt: skip
+    cmd = [sys.executable, "-m", "benchmarks.platform_overhead", "--cell", json.dumps(cell)]
+    try:
+        proc = subprocess.run(cmd, cwd=cell["work"], env=env, capture_output=True, text=True,
+                              timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {**{k: cell[k] for k in ("store", "concurrency", "size", "layer")},
+                "error": f"timed out after {timeout:.0f} s"}  # fmt: skip
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return {**{k: cell[k] for k in ("store", "concurrency", "size", "layer")},
+                "error": f"exit {proc.returncode}: {tail[0][:300]}"}  # fmt: skip
+    return json.loads(lines[-1])
+
+
+def run_grid(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every cell of the grid not in ``args.out`` yet, appended to it as each ends."""
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done, rows = done_cells(out), []
+    for kind in args.stores:
+        with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
+            work = Path(tmp)
+            with stores(kind, work) as urls:
+                for cell in _cells(args, kind, done):
+                    name = f"{cell['layer']}_{cell['concurrency']}_{cell['size']}"
+                    (work / name).mkdir()
+                    mlflow_url, optuna_url = urls(name)
+                    cell.update(work=str(work / name), mlflow_url=mlflow_url,
+                                optuna_url=optuna_url)  # fmt: skip
+                    row = measure(cell, args.timeout)
+                    with out.open("a") as stream:
+                        stream.write(json.dumps(row) + "\n")
+                    rows.append(row)
+                    print(summary_line(row), flush=True)
+    return rows
+
+
+def _cells(args: argparse.Namespace, store: str, done: set[tuple]) -> Iterator[dict[str, Any]]:
+    """The grid's cells of ``store`` not measured yet, smallest concurrency and size first."""
+    for conc in args.concurrency:
+        for size in args.sizes:
+            for layer in args.layers:
+                cell = {"store": store, "concurrency": conc, "size": size, "layer": layer}
+                if cell_key(cell) not in done:
+                    yield cell
+
+
+def summary_line(row: dict[str, Any]) -> str:
+    where = f"{row['store']:8s} C={row['concurrency']:<3d} n={row['size']:<5d} {row['layer']:12s}"
+    if "error" in row:
+        return f"{where} error: {row['error']}"
+    return f"{where} {row['per_trial_ms']:8.1f} ms/trial  driver {row['driver_peak_mb']:.0f} MB"
+
+
+def growth(rows: list[dict[str, Any]]) -> list[str]:
+    """Per store, concurrency and layer: ms per trial at each size, and the slope of time per
+    trial against the number of trials (ms per trial per 1,000 trials; 0 = flat)."""
+    groups: dict[tuple, list[tuple[int, float]]] = {}
+    for r in rows:
+        if "error" not in r:
+            groups.setdefault((r["store"], r["concurrency"], r["layer"]), []).append(
+                (r["size"], r["per_trial_ms"])
+            )
+    lines = []
+    for (store, conc, layer), points in sorted(groups.items()):
+        points.sort()
+        xs, ys = [p[0] for p in points], [p[1] for p in points]
+        slope = 0.0
+        if len(points) > 1:
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
+        sizes = ", ".join(f"{x}: {y:.1f}" for x, y in points)
+        lines.append(f"{store} C={conc} {layer}: ms/trial {sizes}; slope {1000 * slope:.2f}")
+    return lines
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
+    names = lambda text: text.split(",")  # noqa: E731
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=ints, default=[10, 100, 1000])
+    parser.add_argument("--concurrency", type=ints, default=[2, 8, 32])
+    parser.add_argument("--stores", type=names, default=["sqlite", "postgres"])
+    parser.add_argument("--layers", type=names, default=list(LAYERS))
+    parser.add_argument("--out", default=str(RESULTS / "platform_overhead.jsonl"))
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per cell")
+    parser.add_argument("--cell", help=argparse.SUPPRESS)  # one cell, in a fresh interpreter
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if args.cell:
+        print(json.dumps(run_cell(json.loads(args.cell))), flush=True)
+        return
+    run_grid(args)
+    rows = [json.loads(ln) for ln in Path(args.out).read_text().splitlines() if ln.strip()]
+    print("\n".join(growth(rows)))
+
+
+if __name__ == "__main__":
+    main()
