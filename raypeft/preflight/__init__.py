@@ -12,6 +12,10 @@ with the experiment file's name; nothing is created before all pass):
    opened, and a tracking server answers;
 6. resources (:mod:`raypeft.search.resources`): one trial fits this machine (a cluster,
    ``address``, is checked once the search connects to it), and how many run at once.
+
+What passes can still earn a note (:mod:`.export`): which of the search's models
+``raypeft export --format peft`` will refuse, and why; ``validate`` and ``tune`` print it
+before anything runs.
 """
 
 from __future__ import annotations
@@ -25,8 +29,9 @@ from raypeft.data.tasks import TaskSpec
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.preflight.data import check_task
-from raypeft.preflight.model import check_model, export_note
-from raypeft.preflight.settings import check_method_settings
+from raypeft.preflight.export import export_notes
+from raypeft.preflight.model import check_model
+from raypeft.preflight.settings import distinct_settings
 from raypeft.search.resources import check_fits, local_nodes, trials_at_once
 from raypeft.tracking.stores import (
     check_database_answers,
@@ -61,7 +66,7 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
     try:
         task = check_task(cfg)
         model = check_model(cfg.model, task.spec)
-        settings = check_method_settings(cfg, model, source)
+        settings = distinct_settings(cfg, model, source)
         _check_stores(cfg)
         at_once = None
         if address is None:
@@ -71,9 +76,10 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
     except ConfigError as exc:
         text = str(exc)
         raise ConfigError(text if text.startswith(f"{source}: ") else f"{source}: {text}") from None
-    note = export_note(cfg, model.dims)
-    notes = (note,) if note else ()
-    return Checked(task.spec, task.sizes, model.dims, settings, address is None, at_once, notes)
+    notes = tuple(export_notes(cfg, model.dims, settings))
+    return Checked(
+        task.spec, task.sizes, model.dims, len(settings), address is None, at_once, notes
+    )
 
 
 def _check_stores(cfg: ExperimentConfig) -> None:
