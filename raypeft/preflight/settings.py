@@ -22,21 +22,23 @@ from raypeft.preflight.model import CheckedModel, check_positions
 MAX_COMBINATIONS = 2000
 
 
-def check_method_settings(cfg: ExperimentConfig, model: CheckedModel, source: str) -> int:
+def distinct_settings(
+    cfg: ExperimentConfig, model: CheckedModel, source: str
+) -> list[MethodConfig]:
     """Resolve and check each distinct method setting of the space (DePT's rank >= 1, PHM
     sizes, prompt tokens within the position embeddings, IPT's corpus, ...). A failure names
-    the searched values that produce it. Returns how many distinct settings were checked."""
-    checked: set[str] = set()
+    the searched values that produce it. Returns them (each distinct setting once)."""
+    checked: dict[str, MethodConfig] = {}
     for where, method in _settings(cfg, source):
         key = method.model_dump_json()
         if key in checked:
             continue
-        checked.add(key)
+        checked[key] = method
         try:
             _check_one(method, cfg, model)
         except ValueError as exc:  # a method's own rule; a ConfigError names its key itself
             raise ConfigError(f"{source}: {where}: {exc}") from None
-    return len(checked)
+    return list(checked.values())
 
 
 def _check_one(method: MethodConfig, cfg: ExperimentConfig, model: CheckedModel) -> None:

@@ -55,6 +55,7 @@ class SearchSummary:
     num_pruned: int = 0
     optuna_storage: str = ""
     optuna_study: str = ""
+    seed_means_study: str = ""  # search.repeat_best: the study whose best trial is the choice
     constraints_met: bool = True
     started_over: list[str] = field(default_factory=list)  # trials whose checkpoint was unusable
     published: Published | None = None  # the chosen model in MLflow (pyfunc, registry)

@@ -61,6 +61,7 @@ from raypeft.search.ray_session import init_ray
 from raypeft.search.repeats import run_repeats
 from raypeft.search.resources import check_fits, cluster_nodes, describe_placement, local_nodes
 from raypeft.search.results import TrialResult, trial_results
+from raypeft.search.seed_means import record_seed_means
 from raypeft.search.space import candidate_methods
 from raypeft.search.study import StudyPlan, fail_orphans, plan_study, record_chosen
 from raypeft.search.trial_records import TrialRecordsCallback
@@ -88,6 +89,7 @@ from raypeft.tracking.tags import (
     METRIC_TAG,
     MODE_TAG,
     OBJECTIVES_TAG,
+    OPTUNA_SEED_MEANS_TAG,
     OPTUNA_STORAGE_TAG,
     OPTUNA_STUDY_TAG,
     TUNE_PATH_TAG,
@@ -611,11 +613,28 @@ def finish(
     summary.published = publish_best(
         records.client, cfg, summary, outcome.best, folder, records.trial_records.models, opts.say
     )
+    if outcome.repeats:  # the choice by mean, as a study whose best trial it is
+        summary.seed_means_study = _record_seed_means(prep, records, outcome)
     record = parent_run_record(summary, outcome.ranked_repeats)
     finish_parent_run(records.client, records.parent_run_id, record, folder)
     study = records.study
     record_chosen(study.storage, study.study_name, records.parent_run_id, outcome.best.trial_id)
     return summary
+
+
+def _record_seed_means(prep: Prepared, records: Records, outcome: Outcome) -> str:
+    """The repeated configurations in the seed-means study (its name tagged on the parent)."""
+    study = records.study
+    name = record_seed_means(
+        study.storage,
+        study.study_name,
+        records.parent_run_id,
+        outcome.repeats,
+        prep.primary,
+        outcome.best.trial_id,
+    )
+    records.client.set_tag(records.parent_run_id, OPTUNA_SEED_MEANS_TAG, name)
+    return name
 
 
 def _summary(

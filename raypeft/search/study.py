@@ -289,7 +289,9 @@ def plan_study(
 def record_chosen(storage, study_name: str, parent_run_id: str, tune_trial_id: str) -> None:
     """Name on the study (:data:`CHOSEN_ATTR` + the search's parent run id) the Optuna trial
     of the configuration the search chose: the same one ``study.best_trial`` returns, once
-    the search's trials are all told."""
+    the search's trials are all told, except with ``search.repeat_best``, which chooses by
+    the mean over seeds: the best trial of the seed-means study then
+    (:mod:`raypeft.search.seed_means`)."""
     study = optuna.load_study(study_name=study_name, storage=storage)
     for trial in study.get_trials(deepcopy=False):
         attrs = trial.user_attrs

@@ -146,9 +146,6 @@ def expected_prompt(cfg: ExperimentConfig, model) -> torch.Tensor:
 def adapter_config(cfg: ExperimentConfig, meta: dict[str, Any], model) -> Any:
     """peft's config object for the trained model."""
     peft = require_peft()
-    # why: transformers loads only when exporting
-    from raypeft.modeling.backbones import resolve_source
-
     dims = model.dims
     task_type = "SEQ_2_SEQ_LM" if dims.kind == "seq2seq" else "SEQ_CLS"
     heads = _head_modules(_head_tensors(model)) or None
@@ -157,7 +154,7 @@ def adapter_config(cfg: ExperimentConfig, meta: dict[str, Any], model) -> Any:
             "peft_type": peft_type_for(cfg),
             **model.method.peft_adapter().settings,
             "task_type": task_type,
-            "base_model_name_or_path": resolve_source(cfg.model.name),
+            "base_model_name_or_path": base_model_id(cfg.model.name),
             "revision": cfg.model.revision,
             "inference_mode": True,
             "num_layers": dims.num_layers,
@@ -165,6 +162,16 @@ def adapter_config(cfg: ExperimentConfig, meta: dict[str, Any], model) -> Any:
             "num_transformer_submodules": 1,  # raypeft prompts a seq2seq model's encoder only
         }
     )
+
+
+def base_model_id(name: str) -> str:
+    """The base model as the adapter names it (``base_model_name_or_path``): the Hub id of a
+    packaged alias (``minilm``: the Hub's all-MiniLM-L6-v2, not the package's folder in this
+    environment), else ``model.name`` as given (a Hub id, a folder, a tiny test model)."""
+    # why: transformers loads only when exporting
+    from raypeft.modeling.backbones import HUB_IDS
+
+    return HUB_IDS.get(name, name)
 
 
 def adapter_tensors(cfg: ExperimentConfig, model) -> dict[str, torch.Tensor]:
@@ -196,7 +203,17 @@ def write_adapter(
     save_file(adapter_tensors(cfg, model), str(folder / ADAPTER_WEIGHTS), WEIGHTS_METADATA)
     tiny = cfg.model.name in _tiny_names()
     (folder / README).write_text(model_card(cfg, meta, config, model.kind, out, tiny))
+    _readable_as_umask_allows(folder)
     return config
+
+
+def _readable_as_umask_allows(folder: Path) -> None:
+    """Every file of the adapter with the mode the umask gives a new file (0644 under the
+    usual 022): safetensors writes its file 0600, peft and Python write theirs by the umask."""
+    umask = _umask()
+    for path in folder.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 # ----------------------------------------------------------------------------- verification
@@ -403,9 +420,7 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
     try:
-        umask = os.umask(0)
-        os.umask(umask)
-        staging.chmod(0o777 & ~umask)  # mkdtemp's 0700 would make the export private
+        staging.chmod(0o777 & ~_umask())  # mkdtemp's 0700 would make the export private
         config = write_adapter(staging, cfg, meta, model, out)
         with warnings.catch_warnings():  # peft warns about ignored position ids etc.
             warnings.simplefilter("ignore")
@@ -426,6 +441,13 @@ def export_peft(model_folder: Path, out: Path, *, force: bool = False) -> Export
         README: "model card: base model and class, labels, inputs, precision, a snippet",
     }
     return ExportResult(out, _value(config.peft_type), _value(config.task_type), files, checks)
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set back at once)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def _move_into_place(staging: Path, out: Path, force: bool) -> None:

@@ -79,14 +79,27 @@ def _revision(cfg: ExperimentConfig) -> str:
 def _alias(cfg: ExperimentConfig, base: str, tiny: bool) -> str:
     if tiny:
         return f": `{cfg.model.name}`, a randomly initialised raypeft test model (not on the Hub)"
-    if base != cfg.model.name:
-        # why: transformers loads only when exporting
-        from raypeft.modeling.backbones import HUB_IDS
-
-        hub = HUB_IDS.get(cfg.model.name)
-        copy_of = f" of the Hub's `{hub}` (set `BASE` to that id elsewhere)" if hub else ""
-        return f": raypeft's `{cfg.model.name}`, a local copy{copy_of}"
+    if base != cfg.model.name:  # a packaged alias: ``base`` is the Hub id it copies
+        return f" (raypeft's `{cfg.model.name}` is a packaged copy of it)"
     return ""
+
+
+def _packaged_copy(cfg: ExperimentConfig) -> list[str]:
+    """Snippet lines that load a packaged alias's local copy where its package is installed
+    (offline too), else the Hub id ``BASE`` already holds."""
+    # why: transformers loads only when exporting
+    from raypeft.modeling.backbones import PACKAGED_MODULES
+
+    module = PACKAGED_MODULES.get(cfg.model.name)
+    if module is None:
+        return []
+    return [
+        f"try:  # the packaged copy raypeft's `{cfg.model.name}` is, where installed",
+        f"    import {module}",
+        f"    BASE = {module}.get_model_path()",
+        "except ImportError:",
+        "    pass",
+    ]
 
 
 def _model_class(kind: str, tiny: bool) -> str:
@@ -181,6 +194,7 @@ def _load_base(
         "",
         "logging.set_verbosity_error()  # the base's head is new here: the adapter holds it",
         f"BASE = {source!r}",
+        *_packaged_copy(cfg),
         f"tokenizer = AutoTokenizer.from_pretrained(BASE{revision}, "
         f"padding_side={'left' if kind == 'decoder' else 'right'!r})",
     ]

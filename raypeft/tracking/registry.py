@@ -319,12 +319,30 @@ def download_registered(store: str, uri: str, dst: Path) -> tuple[Path, str]:
     folder = Path(local)
     if not (folder / "config.yaml").is_file():
         raise ConfigError(f"--model {uri}: not a raypeft model (no artifacts/{PYFUNC_ARTIFACT}/)")
+    recorded = _source_run_digests(client, uri, run_id)
     try:
-        check_digests(folder, MODEL_FILES)
+        check_digests(folder, MODEL_FILES, recorded or None, f"run {run_id}" if recorded else None)
     except DamagedArtefact as damaged:
         where = f"model {uri} (logged from run {run_id}): artifacts/{PYFUNC_ARTIFACT}"
         raise damaged.located(where) from None
     return folder, run_id
+
+
+def _source_run_digests(client: MlflowClient, uri: str, run_id: str) -> dict[str, str]:
+    """The digests the model's source run recorded when its trial trained (its
+    ``raypeft.sha256.*`` tags): what the model's files are checked against, since a folder
+    swapped whole brings a ``digests.json`` that matches it. Empty for a run that recorded
+    none (a raypeft from before the tags): the folder's own ``digests.json`` is all there is."""
+    if not run_id:
+        return {}
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:
+        raise ConfigError(
+            f"model {uri}: logged from run {run_id}, which is not in the store (its files "
+            "cannot be checked against what it trained)"
+        ) from None
+    return runs.recorded_digests(run)
 
 
 def logged_model_uri(client: MlflowClient, run_id: str | None, experiment: str | None) -> str:

@@ -161,7 +161,9 @@ def download_model(client: MlflowClient, run: Run, dst: Path) -> Path:
         ) from None
     folder = Path(local)
     try:
-        check_digests(folder, MODEL_FILES, recorded_digests(run) or None)
+        recorded = recorded_digests(run)
+        recorder = f"run {run.info.run_id}" if recorded else None
+        check_digests(folder, MODEL_FILES, recorded or None, recorder)
     except DamagedArtefact as damaged:
         raise damaged.located(f"run {run.info.run_id}: {path}") from None
     return folder

@@ -25,6 +25,9 @@ MODE_TAG = "raypeft.mode"  # "max" or "min": the metric's direction
 OBJECTIVES_TAG = "raypeft.objectives"  # JSON list of {metric, mode}: a multi-objective search
 OPTUNA_STORAGE_TAG = "raypeft.optuna_storage"  # the Optuna study's storage URL (redacted)
 OPTUNA_STUDY_TAG = "raypeft.optuna_study"  # the Optuna study's name
+# search.repeat_best: the Optuna study of the repeated configurations' seed means, whose best
+# trial is the chosen configuration (raypeft.search.seed_means)
+OPTUNA_SEED_MEANS_TAG = "raypeft.optuna_seed_means_study"
 TUNE_PATH_TAG = "raypeft.tune_path"  # Ray Tune's experiment folder: what --resume restores
 CONFIG_HASH_TAG = "raypeft.config_hash"  # hash of the resolved experiment --resume must match
 BEST_TRIAL_TAG = "raypeft.best_trial_id"  # the best trial's id (first among equal scores)

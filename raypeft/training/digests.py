@@ -74,10 +74,17 @@ def read_digests(folder: Path) -> dict[str, str]:
 
 
 def check_digests(
-    folder: Path, names: Iterable[str], recorded: Mapping[str, str] | None = None
+    folder: Path,
+    names: Iterable[str],
+    recorded: Mapping[str, str] | None = None,
+    recorder: str | None = None,
 ) -> None:
     """Every file of ``names`` exists under ``folder`` and matches its digest: ``recorded``
-    (e.g. the digests on the model's MLflow run) or else the folder's ``digests.json``."""
+    (e.g. the digests on the model's MLflow run) or else the folder's ``digests.json``.
+
+    ``recorder`` names who recorded ``recorded`` (``run <id>``): a file that differs is then
+    said to be another model's or damaged, since a folder swapped whole brings its own
+    matching ``digests.json``."""
     folder = Path(folder)
     expected = dict(recorded) if recorded is not None else read_digests(folder)
     for name in names:
@@ -87,9 +94,12 @@ def check_digests(
         if not path.is_file():
             raise DamagedArtefact(folder, name, "missing (its digest was recorded when written)")
         if file_digest(path) != expected[name]:
-            raise DamagedArtefact(
-                folder,
-                name,
-                f"damaged ({path.stat().st_size} bytes whose {ALGORITHM} differs from the "
-                "digest recorded when it was written)",
-            )
+            raise DamagedArtefact(folder, name, _differs(path, recorder))
+
+
+def _differs(path: Path, recorder: str | None) -> str:
+    """What is wrong with a file whose digest is not the recorded one."""
+    size = f"{path.stat().st_size} bytes whose {ALGORITHM} differs from the digest"
+    if recorder:  # the folder may be another model's, swapped in with its own digests.json
+        return f"damaged or replaced ({size} {recorder} recorded when it trained)"
+    return f"damaged ({size} recorded when it was written)"

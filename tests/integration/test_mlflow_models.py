@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -365,3 +366,47 @@ def test_seq2seq_search_registers_serves_and_keeps_the_better_champion(tmp_path)
         stdin="x\n",
     )
     assert proc.returncode == 2 and "not in the model registry" in proc.stderr
+
+    # the champion's model folder swapped whole for another trial's, its digests.json
+    # included: checked against what the source run recorded, every command refuses it
+    run_id = swap_in_another_trials_model(client, "t5-sentiment", "champion")
+    expected = (
+        f"model {champion} (logged from run {run_id}): "
+        f"artifacts/raypeft_model/trainable.safetensors: damaged or replaced",
+        f"run {run_id} recorded when it trained",
+    )
+    out = tmp_path / "swapped"
+    for args in (
+        ["predict", "--model", champion, "--input", "-"],
+        ["serve", "--model", champion, "--port", str(free_port())],
+        ["export", "--model", champion, "--format", "peft", "--out", str(out)],
+    ):
+        proc = run_cli([*args, "--tracking-uri", uri], cwd=tmp_path, stdin="good\n")
+        assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+        (line,) = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert line.startswith("error: ") and all(text in line for text in expected), line
+    assert not out.exists()
+
+
+def swap_in_another_trials_model(client: MlflowClient, name: str, alias: str) -> str:
+    """Replace the files of the model version ``name@alias`` names with those of a logged
+    model of another trial that trained other tensors (``digests.json`` included, so the
+    folder agrees with itself); returns the version's source run."""
+    version = client.get_model_version_by_alias(name, alias)
+    digest_tag = "raypeft.sha256.trainable.safetensors"
+    mine = client.get_run(version.run_id).data.tags[digest_tag]
+    experiment_id = client.get_run(version.run_id).info.experiment_id
+    other = next(
+        m
+        for m in client.search_logged_models([experiment_id])
+        if client.get_run(m.source_run_id).data.tags[digest_tag] != mine
+    )
+
+    def folder(location: str) -> Path:
+        return Path(location.removeprefix("file://")) / "artifacts" / "raypeft_model"
+
+    target = folder(client.get_model_version_download_uri(name, version.version))
+    assert (target / "digests.json").is_file()
+    shutil.rmtree(target)
+    shutil.copytree(folder(other.artifact_location), target)
+    return version.run_id

@@ -132,19 +132,49 @@ def test_validate_takes_several_files_and_reports_each(tmp_path):
     assert invoke("validate", dept, pt).exit_code == 0
 
 
+def notes(result) -> list[str]:
+    return [ln for ln in result.output.splitlines() if ln.startswith("  note: ")]
+
+
 def test_validate_says_when_the_searchs_models_will_not_export(tmp_path):
     """The shipped pt.yaml on minilm: its head mean-pools (auto), which peft cannot load; a
-    note says so at validate time, and head_pooling: first makes it exportable (no note)."""
+    note says so at validate time, and head_pooling: first makes it exportable (no note).
+    dept.yaml (README's search) has no peft form at all; prefix.yaml's hidden style has none
+    and its kv style mean-pools: a note for each reason, before anything runs."""
     pt = str(REPO / "search_spaces" / "pt.yaml")
     result = invoke("validate", pt)
     assert result.exit_code == 0, result.output
-    (note,) = [ln for ln in result.output.splitlines() if ln.startswith("  note: ")]
+    (note,) = notes(result)
     assert "model.head_pooling: auto resolves to mean on minilm" in note
-    assert "raypeft export --format peft` will refuse them" in note
+    assert "raypeft export --format peft` will refuse this search's models" in note
     first = invoke("validate", pt, "--set", "model.head_pooling=first")
     assert first.exit_code == 0 and "note:" not in first.output
-    dept = invoke("validate", str(REPO / "search_spaces" / "dept.yaml"))  # no peft equivalent
-    assert dept.exit_code == 0 and "note:" not in dept.output
+    dept = invoke("validate", str(REPO / "search_spaces" / "dept.yaml"))
+    assert dept.exit_code == 0, dept.output
+    (note,) = notes(dept)
+    assert note.endswith(
+        "will refuse this search's models, which predict and serve: method 'dept' has no peft "
+        "equivalent (its low-rank update of the input embeddings); peft export supports pt "
+        "(PROMPT_TUNING) and prefix with style: kv (PREFIX_TUNING)"
+    )
+    prefix = str(REPO / "search_spaces" / "prefix.yaml")
+    hidden, kv = notes(invoke("validate", prefix))
+    assert "refuse some of this search's models" in hidden and "style: hidden has no" in hidden
+    assert "auto resolves to mean on minilm" in kv and "some of this search's models" in kv
+    (hidden,) = notes(invoke("validate", prefix, "--set", "model.head_pooling=first"))
+    assert "style: hidden has no peft equivalent" in hidden
+
+
+def test_tune_says_it_before_the_search_starts(tmp_path):
+    """The same note opens `raypeft tune` (here one that stops at once: nothing to resume)."""
+    store = f"sqlite:///{tmp_path / 'none.db'}"
+    dept = str(REPO / "search_spaces" / "dept.yaml")
+    result = invoke("tune", dept, "--resume", "--tracking-uri", store)
+    assert result.exit_code == 2
+    note, error = result.output.strip().splitlines()
+    assert note.startswith("note: `raypeft export --format peft` will refuse this search's")
+    assert "method 'dept' has no peft equivalent" in note and "no MLflow store" in error
+    assert not (tmp_path / "none.db").exists()
 
 
 def test_the_experiment_file_is_an_argument_of_tune_as_of_validate(tmp_path):

@@ -10,6 +10,7 @@ examples through the training path (tokenised task arrays, precomputed features)
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
@@ -335,6 +336,13 @@ def test_export_pt_round_trip_through_peft(trained, tmp_path):
         "adapter_model.safetensors",
     ]
     assert [p.name for p in tmp_path.iterdir()] == ["adapter"]  # no staging folder left
+    # every file as the umask makes a new file (safetensors alone would write 0600)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in out.iterdir()} == {
+        name: oct(0o666 & ~umask)
+        for name in ("README.md", "adapter_config.json", "adapter_model.safetensors")
+    }
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["peft_type"] == "PROMPT_TUNING" and config["task_type"] == "SEQ_CLS"
     assert config["num_virtual_tokens"] == 4 and config["token_dim"] == 32
@@ -382,6 +390,11 @@ def test_the_model_cards_snippet_runs_as_written_and_prints_what_predict_prints(
     out = tmp_path / "adapter"
     export_peft(folder, out)
     card = (out / "README.md").read_text()
+    base = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
+    # the packaged alias exports as the Hub model it copies, not a folder of this environment
+    name = model["name"] if isinstance(model, dict) else model
+    assert base == {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}.get(name, name)
+    assert f"`{base}`" in card
     predictor = Predictor.from_folder(folder, precision="fp32")  # what peft computes in
     assert json.dumps(id2label(predictor.meta)) in card and f"`max_length` {S}" in card
     assert "raypeft predict --precision fp32" in card
