@@ -126,7 +126,11 @@ def test_validate_takes_several_files_and_reports_each(tmp_path):
     dept, pt = (str(REPO / "search_spaces" / f) for f in ("dept.yaml", "pt.yaml"))
     result = invoke("validate", dept, str(broken), pt)
     assert result.exit_code == 2
-    lines = [ln for ln in result.output.strip().splitlines() if not ln.startswith("  note: ")]
+    lines = [
+        ln
+        for ln in result.output.strip().splitlines()
+        if not ln.startswith(("  note: ", "  resources: "))
+    ]
     assert len(lines) == 3 and f"{dept}: ok" in result.output and f"{pt}: ok" in result.output
     assert f"error: {broken}: method: required key is missing" in result.output
     assert invoke("validate", dept, pt).exit_code == 0
@@ -171,7 +175,8 @@ def test_tune_says_it_before_the_search_starts(tmp_path):
     dept = str(REPO / "search_spaces" / "dept.yaml")
     result = invoke("tune", dept, "--resume", "--tracking-uri", store)
     assert result.exit_code == 2
-    note, error = result.output.strip().splitlines()
+    resources, note, error = result.output.strip().splitlines()
+    assert resources.startswith("resources: use_gpu auto")
     assert note.startswith("note: `raypeft export --format peft` will refuse this search's")
     assert "method 'dept' has no peft equivalent" in note and "no MLflow store" in error
     assert not (tmp_path / "none.db").exists()
