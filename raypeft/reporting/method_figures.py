@@ -407,7 +407,5 @@ def _budget_html(
         categoryarray=ticks,
         title_text=f"{h.length_symbol} / {h.rank_symbol}",
     )
-    html.update_layout(
-        **html_heading(title.replace("\n", " ")), yaxis_title=_metric_label(search)
-    )
+    html.update_layout(**html_heading(title.replace("\n", " ")), yaxis_title=_metric_label(search))
     return html

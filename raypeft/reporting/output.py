@@ -109,7 +109,7 @@ def write_report_page(search: Search, pages: dict[str, go.Figure], path: Path) -
         caption = html.escape(FIGURES[name][0])
         sections.append(f'<section id="{name}-figure"><h2>{caption}</h2>{div}</section>')
     path.write_text(
-        "<!DOCTYPE html>\n<html>\n<head><meta charset=\"utf-8\" />"
+        '<!DOCTYPE html>\n<html>\n<head><meta charset="utf-8" />'
         f"<title>{html.escape(title)}</title></head>\n"
         '<body style="font-family: sans-serif; margin: 0 1em">\n'
         f"<h1>{html.escape(title)}</h1>\n" + "\n".join(sections) + "\n</body>\n</html>\n",
