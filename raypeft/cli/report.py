@@ -49,8 +49,9 @@ def _default_out(experiment: str) -> Path:
     type=click.Choice(["directory", "inline", "cdn"]),
     default="directory",
     show_default=True,
-    help="how HTML pages get plotly.js: one plotly.min.js in the folder (small, offline), "
-    "embedded in each page (~5 MB each; also opens in the MLflow UI) or from a CDN (online)",
+    help="how the per-figure HTML pages get plotly.js: one plotly.min.js in the folder (small, "
+    "offline), embedded in each page (~5 MB each) or from a CDN (online); report.html, the "
+    "page of every figure that is logged to MLflow, always embeds it",
 )
 def command(
     experiment: str,
@@ -65,12 +66,20 @@ def command(
 
     Writes PNG + HTML figures (α1 × α2 heat map over all m and per m, metric vs (m, r), metric
     vs trainable parameters with the Pareto front, learning curves, parameter importances),
-    trials.csv and summary.md, then logs the folder under report/ on the search's parent run.
+    report.html (every figure on one page that opens alone), trials.csv and summary.md, then
+    logs them under report/ on the search's parent run.
     """
     quiet_libraries()
     from mlflow.exceptions import MlflowException  # why: MLflow, matplotlib, plotly are slow
 
-    from raypeft.reporting import FIGURES, PLOTLY_BUNDLE, load_search, log_report, write_report
+    from raypeft.reporting import (
+        FIGURES,
+        PLOTLY_BUNDLE,
+        REPORT_PAGE,
+        load_search,
+        log_report,
+        write_report,
+    )
 
     folder = (out or _default_out(experiment)).resolve()
     try:
@@ -94,9 +103,12 @@ def command(
             click.echo(f"  wrote   {name}.png, {name}.html")
         else:
             click.echo(f"  skipped {name}: {report.skipped[name]}")
+    page = f", {REPORT_PAGE}: every figure on one page" if report.page else ""
     shared = ", plotly.min.js for the HTML pages" if (folder / PLOTLY_BUNDLE).exists() else ""
-    click.echo(f"Report folder: {folder} (trials.csv, summary.md{shared})")
+    click.echo(f"Report folder: {folder} (trials.csv, summary.md{shared}{page})")
     if location:
         click.echo(f"Logged to MLflow run {search.parent_id} under report/: {location}")
+        if report.page:
+            click.echo(f"  open report/{REPORT_PAGE} in the run's Artifacts tab: every figure")
     else:
         click.echo("Not logged to MLflow (--no-log)")

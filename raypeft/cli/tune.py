@@ -185,9 +185,12 @@ def print_summary(s) -> None:
 def _browse_hint(s) -> str:
     """How to open the search's runs: a tracking server already serves the UI (``raypeft
     ui`` refuses one), any other store needs ``raypeft ui``'s server."""
+    from raypeft.tracking.experiment_view import search_runs_url  # why: imports MLflow
+
     uri = s.tracking_uri.rstrip("/")
     if uri.startswith(("http://", "https://")):
-        return f"open {redact_uri(uri)}/#/experiments/{s.experiment_id}/runs in a browser"
+        # the model-training view: without the parameter MLflow 3.17 opens GenAI
+        return f"open {search_runs_url(redact_uri(uri), s.experiment_id)} in a browser"
     return f"browse with: raypeft ui {s.experiment}"
 
 

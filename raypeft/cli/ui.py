@@ -169,8 +169,11 @@ def command(
     base_url = f"http://{_client_host(host)}:{port}"
     # the runs page in the model-training view, with the objective metrics as columns
     url = runs_page_url(base_url, found) if found is not None else f"{base_url}/"
+    lines = [f"MLflow UI: {url}"]
+    if found is not None:
+        lines += _best_trial_lines(uri, found, base_url)
     error, exit_code = _serve(
-        _server_command(uri, host, port, workers), base_url, url, uri, start_timeout
+        _server_command(uri, host, port, workers), base_url, lines, uri, start_timeout
     )
     if error:
         fail(error, exit_code)
@@ -202,6 +205,27 @@ def _check_before_starting(
         fail(str(exc))
 
 
+def _best_trial_lines(uri: str, experiment: Experiment, base_url: str) -> list[str]:
+    """The newest search's best trial, as a link to its run page in the model-training view,
+    and why a run opened from the UI's own links may land in GenAI."""
+    from mlflow.tracking import MlflowClient  # why: MLflow is slow to import
+
+    from raypeft.tracking.experiment_view import run_page_url
+    from raypeft.tracking.runs import parent_runs
+    from raypeft.tracking.tags import BEST_RUN_TAG
+
+    searches = parent_runs(MlflowClient(tracking_uri=uri), experiment.experiment_id)
+    best = next((s.data.tags[BEST_RUN_TAG] for s in searches if s.data.tags.get(BEST_RUN_TAG)), "")
+    lines = []
+    if best:
+        lines.append(f"  best trial: {run_page_url(base_url, experiment.experiment_id, best)}")
+    lines.append(
+        "  a run opened from the UI's own links shows in the browser's last view (GenAI at "
+        'first): click "Model training" at the top left once and the browser keeps it'
+    )
+    return lines
+
+
 def _server_command(uri: str, host: str, port: int, workers: int) -> list[str]:
     """``mlflow server`` on the store, serving its artefacts."""
     command_line = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
@@ -213,7 +237,7 @@ def _server_command(uri: str, host: str, port: int, workers: int) -> list[str]:
 
 
 def _serve(
-    command_line: list[str], base_url: str, url: str, uri: str, timeout: float
+    command_line: list[str], base_url: str, lines: list[str], uri: str, timeout: float
 ) -> tuple[str | None, int]:
     """Start the server, print its URL once it answers, serve until it stops or a stop
     signal comes, and stop it. Returns the error to print (None: none) and the exit code."""
@@ -226,7 +250,7 @@ def _serve(
         proc = None
         try:
             proc = _start(command_line, log)
-            return _announce_and_wait(proc, base_url, url, uri, timeout, log)
+            return _announce_and_wait(proc, base_url, lines, uri, timeout, log)
         except (KeyboardInterrupt, _Stop):
             click.echo("stopping the MLflow server", err=True)
             return None, 0
@@ -260,13 +284,14 @@ def _start(command_line: list[str], log: Path) -> subprocess.Popen:
 
 
 def _announce_and_wait(
-    proc: subprocess.Popen, base_url: str, url: str, uri: str, timeout: float, log: Path
+    proc: subprocess.Popen, base_url: str, lines: list[str], uri: str, timeout: float, log: Path
 ) -> tuple[str | None, int]:
     try:
         _wait_ready(proc, base_url, timeout, log)
     except click.ClickException as exc:
         return exc.format_message(), 2
-    click.echo(f"MLflow UI: {url}")
+    for line in lines:  # the first: "MLflow UI: <url>"
+        click.echo(line)
     click.echo(f"  store {redact_uri(uri)}; press Ctrl-C to stop")
     sys.stdout.flush()
     code = proc.wait()

@@ -20,8 +20,9 @@ The pipeline, one module a step (the command, :mod:`raypeft.cli.report`, runs it
   :mod:`~raypeft.reporting.param_importance` (fANOVA importances); their order and captions
   are :data:`FIGURES` in :mod:`~raypeft.reporting.figures`.
 - :mod:`~raypeft.reporting.output`: :func:`write_report` writes the PNG/HTML pages (sharing
-  one ``plotly.min.js`` in the folder by default), ``trials.csv`` and ``summary.md``;
-  :func:`log_report` logs the folder to the parent run.
+  one ``plotly.min.js`` in the folder by default), ``report.html`` (every HTML figure, plotly.js
+  inlined: opens alone), ``trials.csv`` and ``summary.md``; :func:`log_report` logs the folder
+  to the parent run, ``report.html`` in place of the per-figure pages.
 """
 
 from __future__ import annotations
@@ -36,8 +37,10 @@ from raypeft.reporting.output import (
     PLOTLY_BUNDLE,
     PLOTLY_JS,
     REPORT_ARTIFACTS,
+    REPORT_PAGE,
     Report,
     log_report,
+    logged_files,
     summary_markdown,
     trials_table,
     write_report,
@@ -53,6 +56,7 @@ __all__ = [
     "PLOTLY_BUNDLE",
     "PLOTLY_JS",
     "REPORT_ARTIFACTS",
+    "REPORT_PAGE",
     "STOPPED_NOTE",
     "Figures",
     "Report",
@@ -64,6 +68,7 @@ __all__ = [
     "learning_curves",
     "load_search",
     "log_report",
+    "logged_files",
     "lr_heatmap",
     "objectives_pareto",
     "params_pareto",

@@ -4,7 +4,7 @@ Each figure function takes a :class:`~raypeft.reporting.load.Search` and returns
 :class:`Figures` pair (a matplotlib figure on the Agg canvas for the PNG, a plotly figure for
 the HTML page), or raises :class:`Skip` with the reason the data cannot support it.
 
-Titles go through :func:`png_title` and :func:`html_title`: neither canvas wraps a long
+Titles go through :func:`png_title` and :func:`html_heading`: neither canvas wraps a long
 title by itself, and a title wider than its figure was cut off at the edge.
 """
 
@@ -30,6 +30,11 @@ TITLE_MARGIN_IN = 0.15  # inches kept free at each side of a PNG title
 # plotly title fit the width of a narrow window or of the MLflow UI's artefact pane
 HTML_TITLE_CHARS = 60
 HTML_NOTE_CHARS = 85  # a note under the title is set smaller (<sup>)
+# plotly's title: 17 px type, lines 1.3 em apart (a <sup> line too), hung from the top
+HTML_LINE_PX = 23
+HTML_TITLE_PAD_PX = 10  # above the first line
+HTML_TITLE_GAP_PX = 25  # between the last line and the plot
+HTML_PANEL_TITLE_PX = 25  # subplot titles sit in the top margin, just above their panels
 
 
 class Skip(Exception):
@@ -88,17 +93,32 @@ def fit_text(fig: Figure, text: str, fontsize: float, width_in: float | None = N
     return _wrap(text, fits)
 
 
-def html_title(text: str, note: str = "") -> dict:
-    """A plotly ``layout.title``: ``text`` wrapped to lines of :data:`HTML_TITLE_CHARS`
-    (plotly never wraps a title) and an optional smaller ``note`` line under it; automargin
-    moves the plot down so that every line shows."""
+def html_heading(text: str, note: str = "", panel_titles: bool = False) -> dict:
+    """The plotly layout of a page's title: ``text`` wrapped to lines of
+    :data:`HTML_TITLE_CHARS` (plotly never wraps a title), an optional smaller ``note`` under
+    it, and a top margin with room for every line (``panel_titles``: and for the subplot
+    titles under it). Use as ``fig.update_layout(**html_heading(...))``.
+
+    The title hangs from the top of the page (``yref="container"``, ``y=1``,
+    ``yanchor="top"``) and the top margin is sized from its line count: plotly's automargin
+    estimates one line, and with the default anchor the first line of a two-line title was
+    drawn above the page (y = -7 px)."""
     lines = _wrap(text, lambda line: len(line) <= HTML_TITLE_CHARS).split("\n")
     if note:
         lines += [
             f"<sup>{line}</sup>"
             for line in _wrap(note, lambda n: len(n) <= HTML_NOTE_CHARS).split("\n")
         ]
-    return {"text": "<br>".join(lines), "automargin": True, "yref": "container"}
+    title = {
+        "text": "<br>".join(lines),
+        "automargin": True,  # never less room than plotly's own estimate
+        "yref": "container",
+        "y": 1,
+        "yanchor": "top",
+        "pad": {"t": HTML_TITLE_PAD_PX},
+    }
+    top = HTML_TITLE_PAD_PX + HTML_LINE_PX * len(lines) + HTML_TITLE_GAP_PX
+    return {"title": title, "margin": {"t": top + (HTML_PANEL_TITLE_PX if panel_titles else 0)}}
 
 
 def _wrap(text: str, fits: Callable[[str], bool]) -> str:

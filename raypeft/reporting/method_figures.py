@@ -31,12 +31,14 @@ from raypeft.reporting.drawing import (
     _metric_label,
     _mpl,
     fit_text,
-    html_title,
+    html_heading,
     png_note,
     png_title,
 )
 from raypeft.reporting.load import Search, TrialRecord, _given
 
+LABEL_FONTSIZE = 10  # points: matplotlib's default axis label size
+TICK_LABELS_IN = 0.7  # inches of a heat map panel taken by its y tick labels ("0.0005")
 STOPPED_NOTE = "* / hatched: best trial of the cell was stopped early (low-fidelity value)"
 # a heat map cell's score (to the summary's decimals) and trial
 HOVER_TAIL = f"%{{z:.{METRIC_DECIMALS}f}} %{{customdata}}<extra></extra>"
@@ -254,7 +256,10 @@ def _heatmap_png(search: Search, data: HeatMap, title: str):
         ax.set_title(
             fit_text(png, panel.title, TITLE_FONTSIZE, panel_width), fontsize=TITLE_FONTSIZE
         )
-        ax.set_xlabel(f"{knobs.hints.lr_symbols[0]} ({knobs.lr_x})")
+        # wrapped to the panel less its y tick labels: a label wider than its panel ran
+        # into the next panel's
+        x_label = f"{knobs.hints.lr_symbols[0]} ({knobs.lr_x})"
+        ax.set_xlabel(fit_text(png, x_label, LABEL_FONTSIZE, panel_width - TICK_LABELS_IN))
     axes[0].set_ylabel(f"{knobs.hints.lr_symbols[1]} ({knobs.lr_y})")
     png.colorbar(image, ax=list(axes), label=_metric_label(search), format="%.3g")
     png_title(png, title, fontsize=11)
@@ -294,7 +299,9 @@ def _heatmap_html(search: Search, data: HeatMap, title: str) -> go.Figure:
     html.update_yaxes(type="category")
     html.update_yaxes(title_text=f"{s2} ({lr2})", col=1)
     html.update_layout(
-        title=html_title(title, "* stopped early: low fidelity" if data.any_stopped else ""),
+        **html_heading(
+            title, "* stopped early: low fidelity" if data.any_stopped else "", panel_titles=True
+        ),
         coloraxis={
             "colorscale": "Viridis",
             "reversescale": search.mode == "min",
@@ -400,7 +407,5 @@ def _budget_html(
         categoryarray=ticks,
         title_text=f"{h.length_symbol} / {h.rank_symbol}",
     )
-    html.update_layout(
-        title=html_title(title.replace("\n", " ")), yaxis_title=_metric_label(search)
-    )
+    html.update_layout(**html_heading(title.replace("\n", " ")), yaxis_title=_metric_label(search))
     return html

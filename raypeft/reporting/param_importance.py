@@ -18,7 +18,7 @@ from raypeft.reporting.drawing import (
     Skip,
     _metric_label,
     _mpl,
-    html_title,
+    html_heading,
     png_note,
     png_title,
 )
@@ -84,7 +84,7 @@ def importances(search: Search) -> Figures:
             text=[f"{scores[k]:.2f}" for k in keys],
         )
     )
-    html.update_layout(title=html_title(title, note))
+    html.update_layout(**html_heading(title, note))
     return Figures(png, html, note)
 
 

@@ -18,7 +18,7 @@ from raypeft.reporting.drawing import (
     Skip,
     _metric_label,
     _mpl,
-    html_title,
+    html_heading,
     png_title,
 )
 from raypeft.reporting.load import Search, TrialRecord, _given
@@ -104,7 +104,7 @@ def _pareto_figures(
             name="Pareto front",
         )
     )
-    html.update_layout(title=html_title(title), xaxis_title=labels[0], yaxis_title=labels[1])
+    html.update_layout(**html_heading(title), xaxis_title=labels[0], yaxis_title=labels[1])
     if log_x:
         html.update_xaxes(type="log")
     return Figures(png, html, f"{len(front)} trial(s) on the front")

@@ -89,7 +89,10 @@ def test_report_on_the_finished_search(finished_search, tmp_path):
     assert not (out / "params_pareto.png").exists()
     # the HTML pages share one plotly.js, written beside them
     assert (out / "plotly.min.js").stat().st_size > 1_000_000
-    assert all(p.stat().st_size < 100_000 for p in out.glob("*.html"))
+    figure_pages = [p for p in out.glob("*.html") if p.name != "report.html"]
+    assert figure_pages and all(p.stat().st_size < 100_000 for p in figure_pages)
+    # ... and report.html, every figure on one page, carries its own (opens alone)
+    assert (out / "report.html").stat().st_size > 1_000_000
     # importances: drawn unless the tiny trials happen to tie (then skipped with that reason)
     assert (out / "importances.png").exists() or "every finished trial has the same score" in (
         summary
@@ -159,8 +162,11 @@ def test_report_is_logged_to_the_parent_run(finished_search, tmp_path):
     _, parent, _ = search_runs(copy, "tiny-search")
     assert f"Logged to MLflow run {parent.info.run_id} under report/" in proc.stdout
     logged = {Path(f.path).name for f in copy.list_artifacts(parent.info.run_id, "report")}
-    assert {"trials.csv", "summary.md", "lr_heatmap.png", "lr_heatmap.html"} <= logged
-    assert logged == {p.name for p in out.iterdir()}
+    assert {"trials.csv", "summary.md", "lr_heatmap.png", "report.html"} <= logged
+    # the folder less the per-figure pages and their plotly.min.js: report.html holds them
+    assert logged == {
+        p.name for p in out.iterdir() if p.suffix != ".html" and p.suffix != ".js"
+    } | {"report.html"}
     local = copy.download_artifacts(parent.info.run_id, "report/summary.md", str(tmp_path / "dl"))
     assert Path(local).read_text() == (out / "summary.md").read_text()
     # the artefacts went into the copy's folder, not the fixture's

@@ -13,6 +13,7 @@ checkout). Playwright drives the system browser (``executable_path``); it never 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import queue
 import shutil
@@ -99,6 +100,15 @@ class UiProcess:
                 pytest.fail(f"raypeft ui exited ({code}) before serving; stderr:\n{self.stderr()}")
             if line.startswith("MLflow UI: "):
                 return line[len("MLflow UI: ") :].strip()
+
+    def next_line(self, timeout: float) -> str:
+        """The next line the command prints (after its URL)."""
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"raypeft ui printed nothing more in {timeout} s")
+        assert line is not None, f"raypeft ui exited; stderr:\n{self.stderr()}"
+        return line
 
     def stop(self, timeout: float = 60) -> int:
         """SIGTERM, as a service manager would; SIGKILL the tree if it does not stop."""
@@ -191,9 +201,15 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
         f"{base}/#/experiments/{exp_id}/runs"
         "?workflowType=machine_learning&viewStateShareKey=raypeft"
     )
+    # the best trial's run page, a link that opens in the model-training view too
+    best_url = ui.next_line(30).strip()
+    assert best_url == (
+        f"best trial: {base}/#/experiments/{exp_id}/runs/{best_id}?workflowType=machine_learning"
+    )
+    best_url = best_url.removeprefix("best trial: ")
+    assert 'click "Model training"' in ui.next_line(30)
 
     # the trained artefacts are served (the runs' artifact_uri are absolute local paths)
-    import json
     import urllib.request
 
     with urllib.request.urlopen(
@@ -277,8 +293,52 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
                 expect(stopped).to_have_text(trial.data.tags["raypeft.stopped_early"])
                 lr = column("params.`method.lr_prompt`", trial.info.run_id)
                 expect(lr).to_have_text(trial.data.params["method.lr_prompt"])
+                # MLflow's status is FINISHED either way: a stopped trial's name says so, in
+                # the table's first column (this fixture's ASHA stops none: each name is
+                # checked against its tag)
+                step = int(client.get_metric_history(trial.info.run_id, "val_accuracy")[-1].step)
+                early = trial.data.tags["raypeft.stopped_early"] == "true"
+                assert trial.info.run_name.endswith(f" (stopped early at step {step})") == early
+                assert ("stopped early" in trial.info.run_name) == early
+
+            # the shared view's order: the run name, stopped early, the searched params, then
+            # the metrics (MLflow's own order put the tag last and the params after the metrics)
+            def position(col_id: str) -> int:
+                header = page.locator(f'.ag-header-cell[col-id="{col_id}"]')
+                header.scroll_into_view_if_needed(timeout=UI_TIMEOUT_MS)
+                return int(header.get_attribute("aria-colindex"))  # its place in the table
+
+            view = json.loads(experiment.tags["mlflow.sharedViewState.raypeft"])
+            space = [k.removeprefix("space.") for k in parent.data.params if k[:6] == "space."]
+            searched = [f"params.`{key}`" for key in space]
+            assert len(searched) == 3
+            assert set(searched) <= set(view["columnOrder"])
+            searched.sort(key=view["columnOrder"].index)  # the search file's order
+            order = [
+                "attributes.`Run Name`",
+                "tags.`raypeft.stopped_early`",
+                *searched,
+                "metrics.`best_val_accuracy`",
+            ]
+            places = [position(col_id) for col_id in order]
+            assert places == sorted(places), dict(zip(order, places, strict=True))
             runs_png = shots / "runs-training-view.png"
             page.screenshot(path=str(runs_png))
+
+            # the printed link to the best trial: its page in the model-training view (its
+            # sidebar and breadcrumb), with how far it trained in its description
+            page.goto(best_url)
+            expect(page.get_by_role("link", name="Model registry")).to_be_visible(
+                timeout=UI_TIMEOUT_MS
+            )
+            expect(page.get_by_role("link", name="Judges")).to_have_count(0)
+            expect(page.get_by_role("link", name="Evaluations")).to_have_count(0)
+            best_run = client.get_run(best_id)
+            expect(page.get_by_text(best_run.data.tags["mlflow.note.content"])).to_be_visible(
+                timeout=UI_TIMEOUT_MS
+            )
+            best_png = shots / "best-trial-training-view.png"
+            page.screenshot(path=str(best_png))
 
             # a trial's dataset inputs: the three splits, their contexts and digests
             trial = trials[0]
@@ -333,7 +393,7 @@ def test_ui_shows_the_search_and_its_trials_in_chromium(chromium, finished_searc
         finally:
             context.close()
     browser_s = time.monotonic() - t1
-    for png in (runs_png, datasets_png, registry_png, artifacts_png):
+    for png in (runs_png, best_png, datasets_png, registry_png, artifacts_png):
         _assert_png(png)
 
     # SIGTERM stops the command, the server and its workers; the port is free again

@@ -16,7 +16,9 @@ from raypeft.data.tokenize import prepare_task
 from raypeft.tracking.datasets import dataset_inputs, digest, log_dataset_inputs
 from raypeft.tracking.experiment_view import (
     EXPERIMENT_KIND_TAG,
+    run_page_url,
     runs_page_url,
+    search_runs_url,
     tag_experiment,
     view_columns,
 )
@@ -190,16 +192,20 @@ def test_experiment_opens_in_the_model_training_view_with_its_metrics(tmp_path):
     experiment = client.get_experiment(exp_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == "custom_model_development"
     view = json.loads(experiment.tags["mlflow.sharedViewState.raypeft"])
+    columns = [
+        "tags.`raypeft.stopped_early`",
+        "params.`method.lr`",
+        "metrics.`best_val_accuracy`",
+        "metrics.`val_accuracy`",
+        "metrics.`test_accuracy`",
+        "metrics.`train_samples_per_s`",
+        "attributes.`Models`",
+    ]
+    # the order is the view's: the UI's own puts tags last and params after the metrics
     assert view == {
-        "selectedColumns": [
-            "tags.`raypeft.stopped_early`",
-            "params.`method.lr`",
-            "attributes.`Models`",
-            "metrics.`best_val_accuracy`",
-            "metrics.`val_accuracy`",
-            "metrics.`test_accuracy`",
-            "metrics.`train_samples_per_s`",
-        ]
+        "selectedColumns": columns,
+        "columnOrder": ["attributes.`Run Name`", *columns],
+        "columnWidths": {"attributes.`Run Name`": 330, "tags.`raypeft.stopped_early`": 170},
     }
     assert runs_page_url("http://h:1", experiment) == (
         f"http://h:1/#/experiments/{exp_id}/runs"
@@ -211,8 +217,43 @@ def test_experiment_opens_in_the_model_training_view_with_its_metrics(tmp_path):
     experiment = client.get_experiment(exp_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == "genai_development"
     assert "workflowType" not in runs_page_url("http://h:1", experiment)
-    assert view_columns(["f1"])[2:] == [
+    assert view_columns(["f1"])[1:] == [
         "metrics.`best_val_f1`",
         "metrics.`val_f1`",
         "metrics.`test_f1`",
+        "attributes.`Models`",
     ]
+    # a run's page and the runs page of a search's experiment, in the model-training view
+    assert run_page_url("http://h:1", "7", "abc") == (
+        "http://h:1/#/experiments/7/runs/abc?workflowType=machine_learning"
+    )
+    assert search_runs_url("http://h:1", "7") == (
+        "http://h:1/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=raypeft"
+    )
+
+
+def test_a_trial_stopped_early_says_so_in_its_name_and_description(tmp_path):
+    """MLflow shows every ended trial with the same FINISHED status: the callback marks the
+    stopped ones in their run name and description (and the tag), on a real store."""
+    from raypeft.tracking.callback import MLflowTrialCallback
+    from raypeft.training.result_keys import TRIAL_STEPS_KEY
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp_id = client.create_experiment("x")
+    callback = MLflowTrialCallback.__new__(MLflowTrialCallback)  # only its MLflow client
+    callback.client = client
+    stopped = client.create_run(exp_id, run_name="dept-aaaa").info.run_id
+    ran = client.create_run(exp_id, run_name="dept-bbbb").info.run_id
+    callback._mark_ending(stopped, {"step": 4, TRIAL_STEPS_KEY: 12})
+    callback._mark_ending(stopped, {"step": 4, TRIAL_STEPS_KEY: 12})  # marked once
+    callback._mark_ending(ran, {"step": 12, TRIAL_STEPS_KEY: 12})
+    run = client.get_run(stopped)
+    assert run.info.run_name == "dept-aaaa (stopped early at step 4)"
+    assert run.data.tags["raypeft.stopped_early"] == "true"
+    assert run.data.tags["mlflow.note.content"].startswith(
+        "**Stopped early** by the scheduler at step 4 of 12: its scores are low-fidelity"
+    )
+    run = client.get_run(ran)
+    assert run.info.run_name == "dept-bbbb"
+    assert run.data.tags["raypeft.stopped_early"] == "false"
+    assert run.data.tags["mlflow.note.content"] == "Ran to its end: 12 of 12 training steps."

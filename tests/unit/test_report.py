@@ -12,6 +12,7 @@ them.
 from __future__ import annotations
 
 import csv
+import html
 import json
 import re
 from pathlib import Path
@@ -24,8 +25,16 @@ from mlflow.tracking import MlflowClient
 from raypeft.cli.main import main
 from raypeft.cli.report import command as report_command
 from raypeft.data.metrics import format_metric
-from raypeft.reporting import FIGURES, PLOTLY_BUNDLE, PLOTLY_JS, Skip, load_search, lr_heatmap
-from raypeft.reporting.drawing import HTML_TITLE_CHARS
+from raypeft.reporting import (
+    FIGURES,
+    PLOTLY_BUNDLE,
+    PLOTLY_JS,
+    REPORT_PAGE,
+    Skip,
+    load_search,
+    lr_heatmap,
+)
+from raypeft.reporting.drawing import HTML_TITLE_CHARS, HTML_TITLE_PAD_PX
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # the DePT search's figures (its params_pareto is skipped: one budget)
@@ -397,12 +406,24 @@ def test_newest_search_is_reported_and_logged_to_its_parent_run(store, tmp_path,
     assert "methods.dept.lr_prompt (not in every trial)" in summary
     assert f"Report folder: {out} (trials.csv, summary.md, plotly.min.js" in result.output
 
+    assert "report.html: every figure on one page)" in result.output
+
+    # logged: report.html (every figure, plotly.js inside) in place of the per-figure pages
+    # and their shared plotly.min.js, which the MLflow UI's viewer cannot load
     client = store["client"]
     logged = {Path(f.path).name for f in client.list_artifacts(store["b"], "report")}
-    expected = {"trials.csv", "summary.md", "objectives_pareto.png", "importances.html"}
-    assert expected | {PLOTLY_BUNDLE} <= logged  # the folder opens offline once downloaded
+    pngs = {f"{name}.png" for name in FIGURES}
+    assert logged == pngs | {"trials.csv", "summary.md", REPORT_PAGE}
+    assert f"open report/{REPORT_PAGE} in the run's Artifacts tab" in result.output
     local = client.download_artifacts(store["b"], "report/trials.csv", str(tmp_path / "dl"))
     assert Path(local).read_text() == (out / "trials.csv").read_text()
+    page = Path(client.download_artifacts(store["b"], f"report/{REPORT_PAGE}", str(tmp_path)))
+    text = page.read_text()
+    assert 4_000_000 < page.stat().st_size < 6_000_000  # one plotly.js (~4.8 MB) for all six
+    assert not re.findall(r"<script[^>]* src=", text)  # loads nothing from beside it or a CDN
+    assert text.count("Plotly.newPlot(") == len(FIGURES)
+    for name, (caption, _) in FIGURES.items():
+        assert f'id="{name}"' in text and html.escape(caption) in text
 
 
 def test_figures_the_data_cannot_support_are_skipped_with_a_reason(store, tmp_path):
@@ -494,12 +515,65 @@ def test_titles_fit_their_figures(store, long_names, tmp_path):
     args = ["long-names", "--tracking-uri", long_names["uri"], "--out", str(out), "--no-log"]
     assert invoke(*args).exit_code == 0
     for name in drawn["long"]:
-        title = plotly_layout(out / f"{name}.html")["title"]
+        layout = plotly_layout(out / f"{name}.html")
+        title = layout["title"]
         lines = title["text"].split("<br>")
         assert all(len(line) <= HTML_TITLE_CHARS for line in lines), (name, lines)
         assert title["automargin"] is True, name
+        # hung from the page's top, with a top margin that holds every line (where each
+        # title is drawn in a browser: tests/integration/test_report_browser.py)
+        assert (title["yref"], title["y"], title["yanchor"]) == ("container", 1, "top"), name
+        assert layout["margin"]["t"] >= HTML_TITLE_PAD_PX + 23 * len(lines), name
     html_title = plotly_layout(out / "importances.html")["title"]["text"]
     assert html_title.replace("<br>", " ") == full_title
+
+
+def test_heat_map_axis_labels_do_not_overlap(store, tmp_path):
+    """Each panel's x label is wrapped to its panel: a label wider than the panel ran into
+    the next panel's label and tick labels."""
+    pair = lr_heatmap(load_search(store["uri"], "synth", store["a"]))
+    fig = pair.png
+    fig.savefig(tmp_path / "lr_heatmap.png", dpi=120)
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_xlabel()]
+    assert len(panels) == 3  # all m, m=2, m=4
+    boxes = []
+    for ax in panels:
+        boxes.append(("x label", ax.xaxis.label.get_window_extent(renderer)))
+        for tick in ax.get_yticklabels():
+            boxes.append(("y tick", tick.get_window_extent(renderer)))
+    labels = [b for kind, b in boxes if kind == "x label"]
+    for i, a in enumerate(labels):
+        for b in labels[i + 1 :]:
+            assert not a.overlaps(b), (a, b)
+        for kind, b in boxes:
+            if kind == "y tick":
+                assert not a.overlaps(b), (a, b)
+    assert panels[0].get_xlabel() == "α1\n(method.lr_prompt)"  # wrapped, never cut
+
+
+def test_stopped_early_curves_are_drawn_as_the_title_says(store):
+    """A trial stopped at its first evaluation is one point: drawn as an open marker (and a
+    dashed line where it has more), named "stopped at step N"; the title says so only when
+    such a trial is drawn."""
+    from raypeft.reporting import learning_curves
+
+    search = load_search(store["uri"], "synth", store["a"])
+    every = learning_curves(search, 20)
+    title = every.html.layout.title.text.replace("<br>", " ")
+    assert title.endswith("(dashed, open markers: stopped early)")
+    traces = {t.name: t for t in every.html.data}
+    (stopped,) = [t for name, t in traces.items() if "stopped" in name]
+    assert stopped.name == "a0000 (dept) 0.5000, stopped at step 4"
+    assert list(stopped.x) == [4] and stopped.marker.symbol == "circle-open"
+    assert stopped.line.dash == "dash" and stopped.mode == "lines+markers"
+    for name, trace in traces.items():
+        if trace is not stopped:
+            assert trace.marker.symbol == "circle" and trace.line.dash == "solid", name
+    (line,) = [ln for ln in every.png.axes[0].lines if "stopped" in ln.get_label()]
+    assert line.get_linestyle() == "--" and line.get_markerfacecolor() == "white"
+    top = learning_curves(search, 3)  # none of the top 3 stopped early: no such promise
+    assert "stopped" not in top.html.layout.title.text
 
 
 def test_heat_map_writes_scores_as_the_summary_does(store, tmp_path):
@@ -530,7 +604,7 @@ def test_html_pages_share_one_plotly_bundle(store, tmp_path):
     args = ["synth", "--tracking-uri", store["uri"], "--run", store["b"], "--out", str(out)]
     result = invoke(*args, "--no-log")
     assert result.exit_code == 0, result.output
-    pages = sorted(out.glob("*.html"))
+    pages = sorted(p for p in out.glob("*.html") if p.name != REPORT_PAGE)
     assert len(pages) == 6  # every figure of the multi-method search
     for page in pages:
         assert page.stat().st_size < 100_000, page
