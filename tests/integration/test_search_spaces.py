@@ -7,6 +7,10 @@ methods, presets or space cannot actually train fails here, not on a user's lapt
 compare.yaml is also where every registered method trains through ``raypeft tune`` in one
 search at one parameter budget: its grid over ``method.name`` must be the whole registry, and
 each trial stays within its ``budget_params``.
+
+The files run one after another in this process, on one Ray (``local_ray``): each search is
+the ``tune`` command's own code; what a fresh process adds (its imports, its own Ray) would
+be paid seven times and is tested elsewhere (test_tune_cli, test_faults, test_interrupts).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from raypeft.config.loading import load_experiment
 from raypeft.methods import METHODS
-from tests.helpers import children, run_cli
+from tests.helpers import children, tune_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -57,17 +61,18 @@ def shrunk(path: Path, tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
-def test_shipped_experiment_runs(tmp_path, path):
+def test_shipped_experiment_runs(tmp_path, path, local_ray):
     overrides = shrunk(path, tmp_path / "ray_results")
     cfg = load_experiment(path, overrides)
     methods = cfg.space.get("method.name")
     trials = cfg.search.num_samples
-    args = ["tune", "--space", str(path), "--quiet"]
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["--space", str(path), "--quiet", "--tracking-uri", store]
     for item in overrides:
         args += ["--set", item]
-    proc = run_cli(args, cwd=tmp_path, timeout=900)
+    proc = tune_in_process(args, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=store)
     experiment = client.get_experiment_by_name(cfg.tracking.experiment or cfg.name)
     (parent,) = client.search_runs([experiment.experiment_id], "tags.`raypeft.role` = 'experiment'")
     assert parent.info.status == "FINISHED"
