@@ -1,8 +1,9 @@
 """Every backbone kind trained through the real ``raypeft tune``: PT, DePT and deep prompts
 on a tiny seq2seq model (T5: labels as text, generation for evaluation) and on a tiny decoder
-(GPT-2: classification head on the last token, left padding). Real local Ray, real MLflow on
-a temp sqlite store. Every registered method on an encoder, in one search at one parameter
-budget: the shipped compare.yaml in tests/integration/test_search_spaces.py.
+(GPT-2: classification head on the last token, left padding). Real local Ray (one for the
+module; the searches run in the test's process), real MLflow on a temp sqlite store. Every
+registered method on an encoder, in one search at one parameter budget: the shipped
+compare.yaml in tests/integration/test_search_spaces.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import children, run_cli
+from tests.helpers import children, tune_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -53,13 +54,14 @@ def trials_by_method(tmp_path: Path, name: str) -> tuple[object, dict[str, objec
     ("model", "methods"),
     [("tiny-t5", ["pt", "dept", "prefix"]), ("tiny-gpt2", ["pt", "dept", "prefix"])],
 )
-def test_seq2seq_and_decoder_backbones(tmp_path, model, methods):
+def test_seq2seq_and_decoder_backbones(tmp_path, model, methods, local_ray):
     presets = {"dept": {"prompt_length": 4, "rank": 2}, "prefix": {"prompt_length": 3}}
     if model == "tiny-gpt2":
         presets["prefix"]["style"] = "kv"  # key/value prefixes through past_key_values
     name = f"tiny-{model}"
     path = write_experiment(tmp_path, name, model, methods, methods=presets)
-    proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = tune_in_process(["--space", str(path), "--quiet", "--tracking-uri", store], tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     parent, trials = trials_by_method(tmp_path, name)
     assert set(trials) == set(methods)
