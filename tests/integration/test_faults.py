@@ -1,6 +1,8 @@
 """Faults injected into real searches (real Ray, real MLflow, tiny models), then checked for
 anything lost: a training worker killed mid-trial, the driver killed mid-search and resumed,
-a trial whose loss diverges, a tracking server that does not answer.
+a trial whose loss diverges, a tracking server that does not answer. The diverging trials'
+searches run in the test's process on the module's one Ray (``local_ray``): what they test is
+the search, not the process.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tests.helpers import (
     run_cli,
     start_search,
     tiny_experiment,
+    tune_in_process,
     wait_for,
 )
 
@@ -184,7 +187,7 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
-def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path, packed):
+def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path, packed, local_ray):
     """Packed: both trials train in one pack (one prompt length: the registry seats them
     together); the diverging member fails alone, its pack mate goes on to the end."""
     path = tiny_experiment(
@@ -198,7 +201,8 @@ def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path, 
         search={"num_samples": 2, "scheduler": {"type": "none"}},
         **({"resources": {"trials_per_worker": 2}} if packed else {}),
     )
-    proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = tune_in_process(["--space", str(path), "--quiet", "--tracking-uri", store], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 trials (0 stopped early, 1 failed)" in proc.stdout
     client, parent, kids = parent_and_kids(tmp_path)
