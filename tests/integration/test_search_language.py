@@ -1,6 +1,7 @@
 """The search language through the real CLI: pruned trials in the persisted Optuna study, a
 continued study, multi-objective search with constraints, repeated seeds, other samplers and
-schedulers, and --quiet."""
+schedulers, and --quiet. The searches that are not about the console script's output run in
+the test's process on one Ray (``local_ray``, ``tune_in_process``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from tests.helpers import children, run_cli, tiny_experiment
+from tests.helpers import children, run_cli, tiny_experiment, tune_in_process
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,9 @@ def _parent(client: MlflowClient, name: str, index: int = 0):
     return experiment, runs[index]
 
 
-def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues(tmp_path):
+def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues(
+    tmp_path, local_ray
+):
     path = tiny_experiment(
         tmp_path,
         train={"max_steps": 24, "eval_every": 4},
@@ -42,7 +45,9 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
             "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 3},
         },
     )
-    proc = run_cli(["tune", "--space", str(path), "--progress-interval", "5"], cwd=tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["--space", str(path), "--tracking-uri", store]
+    proc = tune_in_process([*args, "--progress-interval", "5"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "stopped early at step" in proc.stdout  # a progress line per finished trial
     assert "--- " in proc.stdout  # the live table was printed at least once (and at the end)
@@ -87,11 +92,9 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
 
     # the same experiment again: the study keeps its history; grid points already run are
     # not enqueued again; another sampler and scheduler work on the same study
-    again = run_cli(
+    again = tune_in_process(
         [
-            "tune",
-            "--space",
-            str(path),
+            *args,
             "--set",
             "search.num_samples=2",
             "--set",
@@ -99,7 +102,7 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
             "--set",
             "search.scheduler.type=median",
         ],
-        cwd=tmp_path,
+        tmp_path,
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing Optuna study 'tiny-dept'" in again.stdout
@@ -110,7 +113,7 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
     assert {t.user_attrs["raypeft.parent_run_id"] for t in study.trials[6:]} == {second.info.run_id}
 
 
-def test_multi_objective_with_constraints_and_repeated_seeds(tmp_path):
+def test_multi_objective_with_constraints_and_repeated_seeds(tmp_path, local_ray):
     path = tiny_experiment(
         tmp_path,
         space={
@@ -126,7 +129,8 @@ def test_multi_objective_with_constraints_and_repeated_seeds(tmp_path):
             "scheduler": {"type": "hyperband", "grace_period": 1, "brackets": 2},
         },
     )
-    proc = run_cli(["tune", "--space", str(path)], cwd=tmp_path)
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = tune_in_process(["--space", str(path), "--tracking-uri", store], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Pareto front (loss vs trainable_params)" in proc.stdout
     assert "repeated seeds (mean ± std of validation loss)" in proc.stdout
