@@ -14,9 +14,20 @@ interquartile mean, the compute (trial-steps and simulated wall time, fractions 
 grid's on the same seed draws), and whether the issue's goal is met (regret within 0.5 points
 or the best configuration's standard error over seeds, at <= 0.30 of the grid's trial-steps).
 
+Replays see the recorded seeds as the setting's search trains them (``search.trial_seed``:
+the file's ``fixed`` puts one recorded seed under every trial of a replay, rotated across
+replays) and hold one seed out in rotation where the table has one to spare: the regret the
+study leads with is scored on it; the in-sample regret (by seed-mean, the seeds the replay
+saw included) is the second column. Every setting replays the same draws for the same
+``--seed``, so settings pair by replay index: each row shows its paired difference from
+``--baseline`` (mean, bootstrap 95% interval, Wilcoxon's signed-rank p). Choose on one
+``--seed`` and confirm on another: a setting chosen as the best of many on the same replays
+is flattered by them (the winner's curse).
+
 Results are appended to ``--out`` (JSON lines) as each setting finishes, so an interrupted
 study continues where it stopped: a setting already there for the same table, replays and
-seed is not replayed again.
+seed is not replayed again, and is printed marked "stored" with its date. ``--only`` replays
+the settings it names whatever is stored, and replaces their stored rows.
 
 ``--figures DIR`` also draws, per table, ``raypeft simulate``'s two figures with the settings
 named by ``--figure-setting`` side by side (anytime regret against compute, and each replay's
@@ -29,13 +40,16 @@ Usage::
         --only tpe-asha-loss --out benchmarks/results/replay_study.jsonl
     python -m benchmarks.replay_study --table T.json --figures docs/figures \
         --figure-setting tpe-none-repeat2x1 --figure-setting tpe-asha-loss
+    python -m benchmarks.replay_study --table T.json --seed 1000   # fresh replays: confirm
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import functools
 import json
+import math
 import time
 from pathlib import Path
 
@@ -43,10 +57,11 @@ from benchmarks.common.paths import REPO, RESULTS, digest
 from benchmarks.common.tables import print_table, right_aligned_after
 from raypeft.config.loading import load_experiment
 from raypeft.reporting.replay_figures import draw_anytime, draw_tradeoff
-from raypeft.search.simulate import CurveTable, simulate
-from raypeft.search.simulate.records import FIGURES
+from raypeft.search.simulate import CurveTable, Paired, simulate
+from raypeft.search.simulate.records import FIGURES, nan_as_null
 
 BASE = REPO / "search_spaces" / "dept.yaml"
+DRAWS = "trial_seed+heldout/1"  # replays draw seeds as searches do and hold one out (issue 42)
 ASHA = {"type": "asha", "grace_period": 1, "reduction_factor": 3, "metric": "val_loss"}
 NONE = {"type": "none"}
 # every setting starts from this search (the file's until 2026-11-26), whatever ships now
@@ -87,6 +102,24 @@ SETTINGS: dict[str, dict] = {
     "random-none": {"sampler": "random", "scheduler": NONE},
     "gp-asha-loss": {"sampler": "gp"},
     "gp-none": {"sampler": "gp", "scheduler": NONE},
+    # Optuna draws its first n_startup_trials (10) at random: at 12 samples TPE and GP choose
+    # almost nothing (issue 42); fewer start-up trials let them act
+    "tpe-none-repeat2x1-startup2": {"scheduler": NONE, "repeat_best": {"top_k": 2, "seeds": 1},
+                                    "startup_trials": 2},  # fmt: skip
+    "tpe-none-repeat2x1-startup4": {"scheduler": NONE, "repeat_best": {"top_k": 2, "seeds": 1},
+                                    "startup_trials": 4},  # fmt: skip
+    "tpe-none-repeat2x1-startup6": {"scheduler": NONE, "repeat_best": {"top_k": 2, "seeds": 1},
+                                    "startup_trials": 6},  # fmt: skip
+    "gp-none-repeat2x1-startup4": {"sampler": "gp", "scheduler": NONE,
+                                   "repeat_best": {"top_k": 2, "seeds": 1},
+                                   "startup_trials": 4},  # fmt: skip
+    "tpe-asha-loss-grace2-repeat2x1": {"scheduler": {**ASHA, "grace_period": 2},
+                                       "repeat_best": {"top_k": 2, "seeds": 1}},  # fmt: skip
+    "tpe-asha-loss-grace2-repeat2x1-startup4": {
+        "scheduler": {**ASHA, "grace_period": 2},
+        "repeat_best": {"top_k": 2, "seeds": 1},
+        "startup_trials": 4,
+    },  # fmt: skip
     "grid (reference)": GRID,
     "grid-repeat3x2 (reference)": {**GRID, "repeat_best": {"top_k": 3, "seeds": 2}},
 }
@@ -114,11 +147,29 @@ def shipped_setting() -> str:
     raise SystemExit(f"{BASE}: its search is none of the settings; add it to SETTINGS")
 
 
-def done_keys(out: Path) -> set[tuple]:
+PER_REPLAY = ("heldout", "regret", "steps")  # kept per replay in each row: settings pair
+
+
+def row_key(row: dict) -> tuple:
+    """What a row's figures depend on: the table, the setting, the replays and their seed,
+    and how replays draw seeds (rows written before replays drew as searches do lack it)."""
+    return (row["table_digest"], row["setting"], row["replays"], row["seed"],
+            row.get("draws"))  # fmt: skip
+
+
+def read_rows(out: Path) -> list[dict]:
     if not out.exists():
-        return set()
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["table_digest"], r["setting"], r["replays"], r["seed"]) for r in rows}
+        return []
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def write_row(out: Path, row: dict, replacing: bool) -> None:
+    """Append ``row`` to ``out``; ``replacing``: drop the stored rows with its key first."""
+    if replacing:
+        kept = [r for r in read_rows(out) if row_key(r) != row_key(row)]
+        out.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    with out.open("a") as f:
+        f.write(json.dumps(nan_as_null(row)) + "\n")
 
 
 def study_row(label: str, table_path: Path, table: CurveTable, replays: int, seed: int) -> dict:
@@ -132,9 +183,13 @@ def study_row(label: str, table_path: Path, table: CurveTable, replays: int, see
         "table_digest": digest(table_path),
         "replays": replays,
         "seed": seed,
+        "draws": DRAWS,
+        "date": datetime.date.today().isoformat(),
         "seconds": round(time.perf_counter() - started, 1),
         "shipped": label == shipped_setting(),
         "goal": sim.goal(),
+        "per_replay": {f: [getattr(s, f) for s in sim.scores] for f in PER_REPLAY},
+        "heldout_seeds": [s.heldout_seed for s in sim.scores],
     }
     for figure in FIGURES:
         spread = sim.spread(figure)
@@ -151,29 +206,53 @@ def study_row(label: str, table_path: Path, table: CurveTable, replays: int, see
 
 
 def cell(figure: dict, digits: int = 2) -> str:
+    if not figure["n"]:
+        return "-"
     f = f"{{:.{digits}f}}"
     return f"{f.format(figure['median'])} [{f.format(figure['q25'])}-{f.format(figure['q75'])}]"
 
 
-def print_rows(rows: list[dict]) -> None:
+def as_float(values: list) -> list[float]:
+    """JSON's nulls (NaN written out) back to NaN."""
+    return [math.nan if v is None else float(v) for v in values]
+
+
+def paired_cell(row: dict, base: dict | None, figure: str) -> str:
+    """``row`` minus ``base`` replay by replay on ``figure``: mean [95% CI], Wilcoxon p."""
+    if base is None or row is base:
+        return "(baseline)" if row is base else "-"
+    paired = Paired.of(as_float(row["per_replay"][figure]), as_float(base["per_replay"][figure]))
+    if paired.n == 0:
+        return "-"
+    p = "-" if math.isnan(paired.p_value) else f"{paired.p_value:.2g}"
+    low, high = paired.mean_ci
+    return f"{paired.mean:+.2f} [{low:+.2f}, {high:+.2f}] p={p}"
+
+
+def print_rows(rows: list[dict], baseline: str, fresh: set[tuple]) -> None:
+    """One line per setting; rows not replayed by this invocation say so, with their date."""
     header = [
-        "setting", "regret (points) median [IQR]", "median 95% CI", "IQM",
-        "unseen seeds: median [IQR]", "trial-steps / grid", "wall / grid", "goal",
+        "setting", "regret, held-out seed: median [IQR]", "IQM", f"paired vs {baseline}",
+        "in-sample regret: median [IQR]", "trial-steps / grid", "wall / grid", "goal",
     ]  # fmt: skip
     shipped = shipped_setting()
-    body = [
-        [
-            r["setting"] + (" (shipped)" if r["setting"] == shipped else ""),
+    base = next((r for r in rows if r["setting"] == baseline), None)
+    body = []
+    for r in rows:
+        label = r["setting"] + (" (shipped)" if r["setting"] == shipped else "")
+        if row_key(r) not in fresh:
+            label += f" (stored {r.get('date', 'earlier')})"
+        heldout = r["heldout"]
+        body.append([
+            label,
+            cell(heldout) if heldout["n"] else "(no seed to spare)",
+            f"{heldout['iqm']:.2f}" if heldout["n"] else "-",
+            paired_cell(r, base, "heldout" if heldout["n"] else "regret"),
             cell(r["regret"]),
-            "{:.2f}-{:.2f}".format(*r["regret"]["median_ci"]),
-            f"{r['regret']['iqm']:.2f}",
-            cell(r["heldout"]) if r["heldout"]["n"] else "(every seed seen)",
             cell(r["steps"]),
             cell(r["wall"]),
             "met" if r["goal"]["met"] else "missed",
-        ]
-        for r in rows
-    ]
+        ])  # fmt: skip
     print_table(header, body, right_aligned_after(1, len(header)))
 
 
@@ -197,8 +276,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", action="append", type=Path, required=True)
     parser.add_argument("--replays", type=int, default=30)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", action="append", help="setting labels (default: all)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the replays' draws (another seed: fresh replays)")  # fmt: skip
+    parser.add_argument("--only", action="append",
+                        help="replay these settings again, whatever is stored (default: every "
+                        "setting not stored yet)")  # fmt: skip
+    parser.add_argument("--baseline", default="tpe-asha-loss",
+                        help="the setting every row is paired with (default: the search shipped "
+                        "before the study)")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "replay_study.jsonl")
     parser.add_argument("--figures", type=Path, help="folder for the comparison figures")
     parser.add_argument("--figure-setting", action="append", default=[],
@@ -206,26 +291,32 @@ def main() -> None:
     args = parser.parse_args()
     labels = args.only or list(SETTINGS)
     figured = args.figure_setting or [shipped_setting()]
-    unknown = [label for label in [*labels, *figured] if label not in SETTINGS]
+    unknown = [label for label in [*labels, *figured, args.baseline] if label not in SETTINGS]
     if unknown:
         parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
-    done = done_keys(args.out)
+    done = {row_key(r) for r in read_rows(args.out)}
+    fresh: set[tuple] = set()
     for table_path in args.table:
         table, table_digest = CurveTable.load(table_path), digest(table_path)
         for label in labels:
-            key = (table_digest, label, args.replays, args.seed)
-            if key in done:
+            key = (table_digest, label, args.replays, args.seed, DRAWS)
+            if key in done and not args.only:
                 continue
             row = study_row(label, table_path, table, args.replays, args.seed)
-            with args.out.open("a") as out:
-                out.write(json.dumps(row) + "\n")
+            write_row(args.out, row, replacing=key in done)
+            fresh.add(key)
             print(f"{table_path.name}: {label}: {row['seconds']} s", flush=True)
-        rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
-        every = [r for r in rows if r["table_digest"] == table_digest]
         if args.figures:
             draw_figures(figured, table_path, table, args.replays, args.seed, args.figures)
+        shown = {*labels, args.baseline}
+        every = [
+            r for r in read_rows(args.out)
+            if r["table_digest"] == table_digest and r["setting"] in shown
+            and r["replays"] == args.replays and r["seed"] == args.seed
+            and r.get("draws") == DRAWS
+        ]  # fmt: skip
         print(f"\n{table_path} ({args.replays} replays per setting, seed {args.seed}):")
-        print_rows([r for r in every if r["setting"] in labels and r["replays"] == args.replays])
+        print_rows(every, args.baseline, fresh)
 
 
 if __name__ == "__main__":

@@ -164,12 +164,13 @@ def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> No
     A real run's regret is scored on the table's seed-means of the configuration it chose,
     seeds it never trained at, so it is placed twice: among the replays' in-sample regrets
     (scored on a seed-mean that includes the draw the replay chose by, which flatters it)
-    and among their unseen-seed regrets (the chosen configuration's seeds the replay never
-    saw), the like-for-like comparison; normalised, it is placed among the latter only."""
+    and among their held-out-seed regrets (on the seed the replay never saw: the same
+    expectation, one seed's noise), the like-for-like comparison; normalised, it is placed
+    among the latter only."""
     columns = {  # header -> (the replays' figure, the real run's figure)
         "regret (points)": ("regret", "regret"),
-        "regret, unseen seeds": ("heldout", "regret"),
-        "normalised, unseen seeds": ("heldout_normalised", "normalised"),
+        "regret, held-out seed": ("heldout", "regret"),
+        "normalised, held-out seed": ("heldout_normalised", "normalised"),
         "trial-steps / grid": ("steps", "steps"),
         "wall / grid": ("wall", "wall"),
     }
@@ -203,7 +204,7 @@ def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> No
 
 def band_cell(value: float, replayed: list[float]) -> str:
     """``value`` with its percentile among ``replayed`` and whether it is inside the band."""
-    if not replayed:  # e.g. unseen-seed regret when every replay saw all its choice's seeds
+    if not replayed:  # e.g. held-out regret when the table had no seed to spare
         return f"{value:.2f} (no replays)"
     lo, hi = np.percentile(replayed, BAND)
     inside = "in" if lo <= value <= hi else "OUT"

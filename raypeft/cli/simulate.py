@@ -45,7 +45,10 @@ def command(files, table_path, replays, seed, concurrency, overrides, tracking_u
     against the recorded learning curves of --table, through the same Optuna searcher and
     Ray Tune scheduler objects ``raypeft tune`` builds, on a simulated clock. Prints, per
     file, the compute spent and the regret of the chosen configuration as fractions of the
-    full grid's and in points: median and IQM with bootstrap 95% intervals."""
+    full grid's and in points: median and IQM with bootstrap 95% intervals. Each replay sees
+    the recorded seeds as the file's search.trial_seed trains them and holds one seed out,
+    which its choice is scored on; every file after the first is compared with the first
+    replay by replay (paired difference, bootstrap interval, Wilcoxon's test)."""
     quiet_libraries()
     from raypeft.search.simulate import CurveTable, differences, replay_config, simulate
 
@@ -68,6 +71,8 @@ def command(files, table_path, replays, seed, concurrency, overrides, tracking_u
         for s, label in zip(searches, labels, strict=True)
     ]
     click.echo(summary_table(sims))
+    for line in paired_lines(sims):
+        click.echo(line)
     for sim in sims:
         click.echo(goal_line(sim))
     folder = (out or _default_out(table)).resolve()
@@ -75,7 +80,8 @@ def command(files, table_path, replays, seed, concurrency, overrides, tracking_u
 
 
 def summary_table(sims) -> str:
-    """One row per replayed search: compute and regret over its replays."""
+    """One row per replayed search: compute, and the regret of its choice on the seed held
+    out of each replay, then the in-sample regret (by seed-mean, seeds it saw included)."""
     from tabulate import tabulate  # why: keeps --help fast
 
     rows = []
@@ -87,26 +93,42 @@ def summary_table(sims) -> str:
                 sim.name,
                 len(sim.scores),
                 _ci(steps.median, steps.median_ci),
-                f"{steps.q25:.2f}-{steps.q75:.2f}",
                 _ci(wall.median, wall.median_ci),
-                _ci(regret.median, regret.median_ci),
-                _ci(regret.iqm, regret.iqm_ci),
-                f"{regret.q25:.2f}-{regret.q75:.2f}",
-                f"{sim.spread('normalised').median:.2f}",
                 _ci(heldout.median, heldout.median_ci),
+                _ci(heldout.iqm, heldout.iqm_ci),
+                f"{heldout.q25:.2f}-{heldout.q75:.2f}" if heldout.n else "-",
+                _ci(regret.median, regret.median_ci),
+                f"{sim.spread('normalised').median:.2f}",
             ]
         )
-    headers = ["search", "replays", "steps/grid (median, 95% CI)", "steps 25-75%",
-               "wall/grid", "regret pts (median)", "regret pts (IQM)", "regret 25-75%",
-               "regret norm.", "regret on unseen seeds"]  # fmt: skip
+    headers = ["search", "replays", "steps/grid (median, 95% CI)", "wall/grid",
+               "regret pts, held-out seed (median)", "held-out (IQM)", "held-out 25-75%",
+               "in-sample regret (median)", "in-sample norm."]  # fmt: skip
     return tabulate(rows, headers=headers)
+
+
+def paired_lines(sims) -> list[str]:
+    """Each search after the first against the first, replay by replay (the same seed draws
+    and held-out seed): the mean difference in regret and in trial-steps."""
+    base = sims[0]
+    lines = []
+    for sim in sims[1:]:
+        regret = sim.paired(base, base.scored_on)
+        steps = sim.paired(base, "steps")
+        which = "held-out" if base.scored_on == "heldout" else "in-sample"
+        lines.append(
+            f"{sim.name} - {base.name}, paired over {regret.n} replays: {which} regret "
+            f"{regret.describe()} points; trial-steps/grid {steps.describe()}"
+        )
+    return lines
 
 
 def goal_line(sim) -> str:
     goal = sim.goal()
     verdict = "met" if goal["met"] else "not met"
+    scored = "on the held-out seed" if goal["scored_on"] == "heldout" else "in-sample"
     return (
-        f"{sim.name}: goal {verdict}: median regret {goal['median_regret']:.2f} points "
+        f"{sim.name}: goal {verdict}: median regret {scored} {goal['median_regret']:.2f} points "
         f"(tolerance {goal['tolerance_points']:.2f}: {goal['tolerance']}) at "
         f"{goal['median_steps']:.2f} of the grid's trial-steps (goal <= 0.30); best "
         f"configuration {sim.quality.best} (seed-mean {sim.quality.means[sim.quality.best]:.4f})"

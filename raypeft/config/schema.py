@@ -262,6 +262,13 @@ class SearchConfig(StrictModel):
         "(multi-objective)",
     )
     seed: int = Field(0, description="seed of the sampler")
+    startup_trials: int | None = Field(
+        None,
+        ge=0,
+        description="tpe and gp: trials drawn at random before the sampler models the results "
+        "(Optuna's n_startup_trials; default Optuna's 10). With 12-24 samples the default "
+        "leaves the sampler almost nothing to choose: docs/search_efficiency.md",
+    )
     answer_repeats: bool = Field(
         True,
         description="over a discrete space, a configuration the sampler proposes again is "
@@ -305,6 +312,11 @@ class SearchConfig(StrictModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> SearchConfig:
+        if self.startup_trials is not None and self.sampler not in ("tpe", "gp"):
+            raise ValueError(
+                f"startup_trials: only tpe and gp draw start-up trials, so sampler must be one "
+                f"of them, but got sampler: {self.sampler}"
+            )
         if self.objectives:
             first = self.objectives[0].metric
             if self.metric is not None and self.metric != first:

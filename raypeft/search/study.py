@@ -76,13 +76,17 @@ def build_sampler(cfg: ExperimentConfig, earlier_trials: int = 0) -> optuna.samp
             independent_sampler=optuna.samplers.TPESampler(seed=seed),
             warn_independent_sampling=False,
         )
+    startup = {} if cfg.search.startup_trials is None else {
+        "n_startup_trials": cfg.search.startup_trials}  # fmt: skip
     if name == "gp":  # a Gaussian process over the keys (categorical ones included)
-        return optuna.samplers.GPSampler(seed=seed)
+        return optuna.samplers.GPSampler(seed=seed, **startup)
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     conditional = any(is_conditional(k) for k in cfg.space)
     # multivariate TPE with groups models keys that only some trials have (conditional knobs)
-    return optuna.samplers.TPESampler(seed=seed, multivariate=conditional, group=conditional)
+    return optuna.samplers.TPESampler(
+        seed=seed, multivariate=conditional, group=conditional, **startup
+    )
 
 
 class _GridSampler(optuna.samplers.GridSampler):

@@ -5,6 +5,7 @@ figures, and an interrupted study skips what it already wrote."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -34,19 +35,41 @@ def test_a_row_holds_the_simulations_figures(dept_table_file):
 
 
 def test_an_interrupted_study_skips_what_it_wrote(dept_table_file, tmp_path, monkeypatch, capsys):
+    """Without --only a study replays only what is not stored, and prints the stored rows
+    marked as such; --only replays what it names again and replaces the stored row."""
+    settings = {k: replay_study.SETTINGS[k] for k in ("tpe-asha-loss", "tpe-none", "random-none")}
+    monkeypatch.setattr(replay_study, "SETTINGS", settings)
+    monkeypatch.setattr(replay_study, "shipped_setting", lambda: "tpe-none")
     out = tmp_path / "study.jsonl"
     args = ["replay_study", "--table", str(dept_table_file), "--replays", "2", "--out", str(out)]
     monkeypatch.setattr(sys, "argv", [*args, "--only", "tpe-none"])
     replay_study.main()
-    first = out.read_text()
-    monkeypatch.setattr(sys, "argv", [*args, "--only", "tpe-none", "--only", "random-none"])
+    first = json.loads(out.read_text())
+    assert first["setting"] == "tpe-none" and len(first["per_replay"]["heldout"]) == 2
+    monkeypatch.setattr(sys, "argv", args)
     replay_study.main()
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert out.read_text().startswith(first) and [r["setting"] for r in rows] == [
-        "tpe-none",
-        "random-none",
-    ]
-    assert "| random-none" in capsys.readouterr().out
+    assert [r["setting"] for r in rows] == ["tpe-none", "tpe-asha-loss", "random-none"]
+    printed = capsys.readouterr().out
+    assert "tpe-none (shipped) (stored" in printed and "| random-none " in printed
+    assert "(baseline)" in printed  # tpe-asha-loss, the default --baseline
+    monkeypatch.setattr(sys, "argv", [*args, "--only", "tpe-none"])
+    replay_study.main()
+    again = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["setting"] for r in again) == ["random-none", "tpe-asha-loss", "tpe-none"]
+    printed = capsys.readouterr().out
+    assert re.search(r"tpe-none \(shipped\) +\|", printed)  # replayed now: not stored
+    assert "tpe-asha-loss (stored" in printed
+
+
+def test_rows_pair_by_replay_with_the_baseline(dept_table_file):
+    """Replays of two settings see the same draws: the paired cell of a setting against
+    itself is zero, and a row records each replay's held-out seed in rotation."""
+    table = CurveTable.load(dept_table_file)
+    row = replay_study.study_row("tpe-none", dept_table_file, table, 3, 0)
+    again = replay_study.study_row("tpe-none", dept_table_file, table, 3, 0)
+    assert row["heldout_seeds"] == [0, 1, 0]  # the synthetic table has seeds 0 and 1
+    assert replay_study.paired_cell(row, again, "heldout").startswith("+0.00 [+0.00, +0.00]")
 
 
 def test_figures_draw_the_named_settings_side_by_side(dept_table_file, tmp_path, monkeypatch):

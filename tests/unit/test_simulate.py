@@ -18,8 +18,8 @@ from raypeft.config.space import configuration_key
 from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
 from raypeft.search.simulate import CurveTable, records, replay_config, simulate
-from raypeft.search.simulate.replay import draw_seeds, replay_search
-from raypeft.search.simulate.scores import Quality, Spread, regret_at
+from raypeft.search.simulate.replay import SeedDraw, draw_seeds, replay_search
+from raypeft.search.simulate.scores import Paired, Quality, Spread, regret_at
 from raypeft.search.simulate.table import Curve, continuous_clock
 
 DIMS = BackboneDims(hidden_size=32, num_layers=2, vocab_size=100, max_length=16)
@@ -89,7 +89,7 @@ def test_the_full_grid_replayed_finds_the_best_and_reports_every_recorded_value(
     for trial in replay.trials:
         key = f"method.lr={trial.config['method.lr']}, "
         key += f"method.prompt_length={trial.config['method.prompt_length']}"
-        recorded = draws[key].values["val_accuracy"]
+        recorded = draws.curves[key].values["val_accuracy"]
         assert trial.metrics["best_val_accuracy"] == max(recorded)
         assert trial.metrics["val_accuracy"] == recorded[-1]
     assert replay.trial_steps() == 12 * 60
@@ -183,7 +183,7 @@ def test_repeat_best_retrains_the_top_trials_on_other_seeds_and_the_best_mean_wi
                                               "val_loss": [1.5 - a for a in accuracy]})  # fmt: skip
 
     table = dataclasses.replace(table, curves=[noisy(c) for c in table.curves])
-    draws = {c.configuration: c for c in table.curves if c.seed == 0}
+    draws = SeedDraw.fixed({c.configuration: c for c in table.curves if c.seed == 0}, table)
     grid = {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}}
     plain = search(grid, sampler="grid", num_samples=12, scheduler={"type": "none"})
     repeated = search(grid, sampler="grid", num_samples=12, scheduler={"type": "none"},
@@ -208,8 +208,10 @@ def test_repeat_best_retrains_the_top_trials_on_other_seeds_and_the_best_mean_wi
     lucky, best = "method.lr=0.2, method.prompt_length=4", "method.lr=0.3, method.prompt_length=4"
     assert alone.seen[lucky] == {0} and replay.seen[best] == {0, 1, 2}
     quality = Quality.of(table)
-    assert quality.heldout_regret(lucky, alone.seen[lucky]) == pytest.approx(100 * (0.9 - 0.74))
-    assert np.isnan(quality.heldout_regret(best, replay.seen[best]))  # every seed was seen
+    # scored on a seed: against the best configuration's value on that same seed
+    assert quality.heldout_regret(lucky, 1) == pytest.approx(100 * (0.95 - 0.74))
+    assert quality.heldout_regret(best, 2) == 0.0
+    assert np.isnan(quality.heldout_regret(best, None))  # no seed held out
 
 
 def test_repeat_best_needs_as_many_other_recorded_seeds(table):
@@ -218,12 +220,79 @@ def test_repeat_best_needs_as_many_other_recorded_seeds(table):
         replay_config(too_many, table, 2)
 
 
-def test_each_replay_draws_one_seed_per_configuration_and_differs(table):
-    first = draw_seeds(table, random.Random("0/0"))
-    assert len(first) == 12
-    assert {c.seed for c in first.values()} <= {0, 1, 2}
-    other = draw_seeds(table, random.Random("0/1"))
-    assert [c.seed for c in first.values()] != [c.seed for c in other.values()]
+def test_per_trial_draws_one_seed_per_configuration_at_random_and_holds_one_out(table):
+    first = draw_seeds(table, random.Random("0/0"), "per_trial", replay=0)
+    assert len(first.curves) == 12
+    assert first.heldout == 0  # replay 0 holds out the first seed, replay 1 the second, ...
+    assert {c.seed for c in first.curves.values()} == {1, 2}  # never the held-out seed
+    other = draw_seeds(table, random.Random("0/1"), "per_trial", replay=1)
+    assert other.heldout == 1 and {c.seed for c in other.curves.values()} == {0, 2}
+
+
+def test_fixed_draws_one_seed_for_every_configuration_rotated_across_replays(table):
+    """``trial_seed: fixed`` trains every trial of a search on one seed: a replay reports one
+    recorded seed for all its configurations, and over 6 replays every (held-out, seen) pair
+    of the 3 seeds comes once, so no seed is favoured."""
+    pairs = []
+    for i in range(6):
+        draws = draw_seeds(table, random.Random(f"0/{i}"), "fixed", replay=i)
+        seen = {c.seed for c in draws.curves.values()}
+        assert len(seen) == 1 and draws.heldout not in seen
+        pairs.append((draws.heldout, seen.pop()))
+    assert sorted(pairs) == [(h, s) for h in (0, 1, 2) for s in (0, 1, 2) if h != s]
+
+
+def test_no_seed_is_held_out_when_the_repeats_need_every_other_seed(table):
+    assert draw_seeds(table, random.Random(0), "fixed", replay=0, spare=1).heldout == 0
+    assert draw_seeds(table, random.Random(0), "fixed", replay=0, spare=2).heldout is None
+
+
+def test_repeats_draw_seeds_not_yet_seen_at_random_not_the_lowest(table):
+    """A real search trains a top configuration again on seeds it has not trained yet; which
+    recorded seed stands for ``train.seed + 1`` is drawn at random per replay, so the lowest
+    other seed is not always the one a repeat reports (nor ever the held-out one)."""
+    grid = {"method.lr": {"grid": LRS}, "method.prompt_length": {"grid": LENGTHS}}
+    repeated = search(grid, sampler="grid", num_samples=12, scheduler={"type": "none"},
+                      repeat_best={"top_k": 3, "seeds": 1})  # fmt: skip
+    cfg = replay_config(repeated, table, 2)
+    repeat_seeds = set()
+    for i in range(12):
+        draws = draw_seeds(table, random.Random(f"0/{i}"), "per_trial", replay=i, spare=1)
+        replay = replay_search(cfg, table, draws, 2)
+        for trial in replay.trials[12:]:
+            key = configuration_key({k: trial.config[k] for k in grid})
+            drawn = draws.curves[key].seed
+            reported = trial.metrics["best_val_accuracy"]
+            seeds = [c.seed for c in table.by_configuration()[key]
+                     if max(c.values["val_accuracy"]) == reported]  # fmt: skip
+            assert seeds and draws.heldout not in seeds and drawn not in seeds
+            repeat_seeds.add((draws.heldout, drawn, seeds[0]))
+    # the seed a repeat reports is the only one left: held-out and drawn seeds vary by replay
+    assert len({h for h, _, _ in repeat_seeds}) == 3 and len({r for _, _, r in repeat_seeds}) == 3
+
+
+def test_two_searches_replayed_on_the_same_draws_pair_by_replay(table):
+    """The same draws for both (same --seed, same policy): the paired difference of a search
+    with itself is exactly 0 on every replay, and ASHA against the full grid spends less."""
+    none = search(num_samples=12, seed=3, scheduler={"type": "none"})
+    asha = search(num_samples=12, seed=3, scheduler={"type": "asha", "grace_period": 1,
+                                                     "reduction_factor": 3})  # fmt: skip
+    a, again, b = simulate(none, table, 6), simulate(none, table, 6), simulate(asha, table, 6)
+    assert [s.heldout_seed for s in a.scores] == [0, 1, 2, 0, 1, 2]
+    same = a.paired(again)
+    assert (same.n, same.mean, same.ties) == (6, 0.0, 6) and np.isnan(same.p_value)
+    cheaper = b.paired(a, "steps")
+    assert cheaper.lower == 6 and cheaper.mean < 0 and cheaper.mean_ci[1] < 0
+
+
+def test_paired_figures_count_wins_and_test_with_wilcoxon():
+    paired = Paired.of([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0], [0.0] * 8)
+    assert (paired.n, paired.lower, paired.higher, paired.ties) == (8, 0, 8, 0)
+    assert paired.mean == 4.5 and paired.mean_ci[0] > 0
+    assert paired.p_value < 0.01
+    assert "+4.50" in paired.describe() and "8 higher" in paired.describe()
+    with_nan = Paired.of([1.0, float("nan")], [0.0, 0.0])
+    assert with_nan.n == 1
 
 
 def test_quality_is_the_seed_mean_and_regret_is_in_points(table):

@@ -10,6 +10,7 @@ simulated clock through raypeft's own searcher and Tune's schedulers;
 
 from raypeft.search.simulate.plan import differences, replay_config
 from raypeft.search.simulate.runs import Simulation, simulate
+from raypeft.search.simulate.scores import Paired
 from raypeft.search.simulate.table import CurveTable, read_table
 
-__all__ = ["CurveTable", "Simulation", "differences", "read_table", "replay_config", "simulate"]
+__all__ = ["CurveTable", "Paired", "Simulation", "differences", "read_table", "replay_config", "simulate"]

@@ -20,10 +20,10 @@ from raypeft.search.simulate.table import CurveTable
 from raypeft.tracking.callback import log_params
 from raypeft.tracking.tags import ROLE_SIMULATION, ROLE_TAG
 
-FIGURES = ("regret", "heldout", "normalised", "steps", "wall")  # each replay's scores
+FIGURES = ("heldout", "regret", "normalised", "steps", "wall")  # each replay's scores
 LABELS = {
-    "regret": "regret (points)",
-    "heldout": "regret on unseen seeds (points)",
+    "heldout": "regret on the held-out seed (points)",
+    "regret": "regret by seed-mean, in-sample (points)",
     "normalised": "regret (normalised)",
     "steps": "trial-steps / grid",
     "wall": "wall time / grid",
@@ -53,7 +53,7 @@ def write_replays(sim: Simulation, out: Path) -> None:
     """``replays.csv`` (one row per replay) and ``summary.json`` into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "replays.csv", "w", newline="") as f:
-        fields = ["replay", "chosen", *FIGURES, "trials", "stopped"]
+        fields = ["replay", "chosen", "heldout_seed", *FIGURES, "trials", "stopped"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
         writer.writeheader()
         for score in sim.scores:

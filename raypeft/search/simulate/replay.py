@@ -8,6 +8,10 @@ hears it only if the trial goes on, and both hear a trial's end), as syne-tune's
 does. Trials do not train: each reports, at the wall time the table recorded for it, the
 values one recorded seed of its configuration reached, through the library's own
 ``evaluation_metrics``. Nothing of ASHA, HyperBand or TPE is re-implemented here.
+
+Which recorded seeds a replay sees follows the search's seed policy (:func:`draw_seeds`), and
+one seed of the table is held out of every replay where the table has one to spare: the
+choice is scored on it (:meth:`~raypeft.search.simulate.scores.Quality.heldout_regret`).
 """
 
 from __future__ import annotations
@@ -83,8 +87,34 @@ class SimulatedController:
         return [t for t in self.trials if t.status in (Trial.PENDING, Trial.RUNNING)]
 
 
+@dataclass(frozen=True)
+class SeedDraw:
+    """The recorded seeds one replay sees: the curve each configuration's trials report, the
+    order in which ``repeat_best`` draws its other seeds, and the seed held out of the replay
+    (``None``: none could be spared) that its choice is scored on."""
+
+    curves: dict[str, Curve]  # configuration -> the curve its search trials report
+    # configuration -> its other seeds' curves in the order repeats take them (held-out excluded)
+    others: dict[str, list[Curve]] = field(default_factory=dict)
+    heldout: int | None = None
+
+    def repeat_curve(self, configuration: str, index: int, seen: set[int]) -> Curve:
+        """The curve of the ``index``-th repeat of ``configuration``: the next of its other
+        seeds that the replay has not seen yet."""
+        unseen = [c for c in self.others[configuration] if c.seed not in seen]
+        return unseen[index]
+
+    @classmethod
+    def fixed(cls, curves: dict[str, Curve], table: CurveTable) -> SeedDraw:
+        """``curves`` as the search's draws, repeats taking the other seeds in seed order
+        and nothing held out (for replays whose draws are set by hand)."""
+        groups = table.by_configuration()
+        others = {key: sorted(groups[key], key=lambda c: c.seed) for key in groups}
+        return cls(curves, others, None)
+
+
 def replay_search(
-    cfg: ExperimentConfig, table: CurveTable, draws: dict[str, Curve], concurrency: int
+    cfg: ExperimentConfig, table: CurveTable, draws: SeedDraw, concurrency: int
 ) -> Replay:
     """Run the search ``cfg`` describes against ``table``: each configuration reports the
     curve ``draws`` holds for it (one recorded seed), at most ``concurrency`` at a time."""
@@ -109,25 +139,26 @@ def replay_search(
 
 
 def with_repeats(replay: Replay, cfg: ExperimentConfig, table: CurveTable,
-                 draws: dict[str, Curve], concurrency: int, primary: ResolvedObjective,
+                 draws: SeedDraw, concurrency: int, primary: ResolvedObjective,
                  constraints: Constraints) -> Replay:  # fmt: skip
     """``search.repeat_best`` after the replayed search, as ``raypeft tune`` runs it
     (:func:`raypeft.search.repeats.run_repeats`): the same top trials, the same repeat configs
-    behind the same fixed-list searcher, run to the end, and the best mean wins. A repeat with
-    ``train.seed`` = the search's seed + i reports the i-th other recorded seed of its
-    configuration (by seed), so the draws of one configuration never repeat."""
+    behind the same fixed-list searcher, run to the end, and the best mean wins. The i-th
+    repeat of a trial (``train.seed`` = its seed + i) reports the i-th of its configuration's
+    seeds that the replay has not seen, in the random order ``draws`` holds, as a real search
+    trains seeds it has not trained yet (never the held-out seed)."""
     feasible = [t for t in replay.trials if constraints.feasible(t.metrics)] or replay.trials
     spec = cfg.search.repeat_best
     top = top_trials(feasible, primary.result_key, primary.mode, spec.top_k)
     configs = repeat_configs(top, cfg.train.seed, spec.seeds)
     fixed = fixed_values(cfg, table)
-    groups = table.by_configuration()
+    seed_of = {t.trial_id: int(t.config.get(SEED_KEY, cfg.train.seed)) for t in top}
 
     def other_seed(config: dict[str, Any]) -> Curve:
         params = {**fixed, **{k: v for k, v in config.items() if k in cfg.space}}
-        drawn = draws[configuration_key(params)]
-        others = [c for c in groups[drawn.configuration] if c is not drawn]
-        return sorted(others, key=lambda c: c.seed)[config[SEED_KEY] - cfg.train.seed - 1]
+        key = configuration_key(params)
+        index = config[SEED_KEY] - seed_of[config[REPEAT_OF]] - 1
+        return draws.repeat_curve(key, index, replay.seen.get(key, set()))
 
     searcher = ConcurrencyLimiter(
         FixedConfigs(configs, primary.result_key, primary.mode), max_concurrent=concurrency
@@ -224,7 +255,7 @@ class ReplayLoop:
         key = configuration_key(params)
         if SEED_KEY in params:
             return self.table.curve(key, params[SEED_KEY])
-        return self.draws[key]
+        return self.draws.curves[key]
 
     def schedule_next(self, replayed: ReplayedTrial) -> None:
         at = replayed.started_s + replayed.curve.wall_s[replayed.reported]
@@ -275,7 +306,34 @@ class ReplayLoop:
         self.ended_s.append(self.clock)
 
 
-def draw_seeds(table: CurveTable, rng: random.Random) -> dict[str, Curve]:
-    """One recorded seed per configuration, drawn at random: a replay sees noise as a real
-    search does (a configuration's score is one draw of its distribution)."""
-    return {key: rng.choice(curves) for key, curves in table.by_configuration().items()}
+def draw_seeds(
+    table: CurveTable, rng: random.Random, policy: str = "per_trial", replay: int = 0,
+    spare: int = 0,
+) -> SeedDraw:  # fmt: skip
+    """The recorded seeds replay number ``replay`` sees, as a real search with
+    ``search.trial_seed: policy`` would: ``fixed`` trains every trial on one seed, so every
+    configuration reports the same recorded seed (rotated across replays); ``per_trial``
+    trains each trial on a seed of its own, so each configuration reports a seed drawn at
+    random. A configuration's score is then one draw of its distribution, as in a real search.
+
+    Where every configuration has more than ``spare`` + 1 recorded seeds (``spare``: the
+    other seeds ``repeat_best`` needs), one seed is held out of the replay, rotated across
+    replays so that every seed is held out as often: the replay never sees it, and its choice
+    is scored on it."""
+    groups = table.by_configuration()
+    seeds = table.seeds()
+    fewest = min(len({c.seed for c in curves}) for curves in groups.values())
+    heldout = seeds[replay % len(seeds)] if fewest > spare + 1 else None
+    usable = [s for s in seeds if s != heldout]
+    # fixed: the replays cycle through the held-out seed first, then through the others
+    common = usable[(replay // len(seeds)) % len(usable)]
+    curves, others = {}, {}
+    for key, group in groups.items():
+        candidates = [c for c in group if c.seed != heldout]
+        same = [c for c in candidates if c.seed == common]
+        if policy == "fixed" and same:
+            curves[key] = same[0]
+        else:  # per_trial, or a configuration not recorded at the common seed
+            curves[key] = rng.choice(candidates)
+        others[key] = rng.sample(candidates, len(candidates))
+    return SeedDraw(curves, others, heldout)

@@ -7,7 +7,9 @@ points (x100) and normalised between the table's median configuration (1) and it
 Compute is counted in trial-steps and in simulated wall time, as fractions of the full grid's
 (every configuration of the replayed space once, to its end, at the same concurrency).
 Over replays: the median and the interquartile mean (IQM), each with a bootstrap 95%
-interval (scipy), and the 25th and 75th percentiles.
+interval (scipy), and the 25th and 75th percentiles. Two searches replayed on the same seed
+draws pair by replay index: :class:`Paired` gives their mean difference, its bootstrap
+interval, the wins and losses, and Wilcoxon's signed-rank test.
 """
 
 from __future__ import annotations
@@ -64,16 +66,17 @@ class Quality:
         """Points below the best seed-mean (0 for the best configuration)."""
         return POINTS * self.sign * (self.means[self.best] - self.means[configuration])
 
-    def heldout_regret(self, configuration: str, seen: set[int]) -> float:
-        """Points below the best seed-mean of ``configuration``'s mean over the seeds the
-        search did not see (NaN when it saw them all). The seed-mean a search is scored on
-        includes the draw it chose by, which flatters every choice (the best of noisy draws
-        is biased upwards); scored on unseen seeds, the chosen configuration's value is an
-        unbiased draw of its quality."""
-        unseen = [v for seed, v in self.values[configuration].items() if seed not in seen]
-        if not unseen:
+    def heldout_regret(self, configuration: str, seed: int | None) -> float:
+        """Points below the best configuration of ``configuration``'s value on the held-out
+        ``seed``, the best configuration's value on that seed being the reference (NaN when
+        no seed was held out). The replay never saw that seed, so the chosen configuration's
+        value there is an unbiased draw of its quality, where its seed-mean includes the draw
+        it was chosen by (the best of noisy draws is biased upwards); comparing on the same
+        seed cancels the seed's own effect (one seed can be lower for every configuration)."""
+        if seed is None:
             return math.nan
-        return POINTS * self.sign * (self.means[self.best] - statistics.fmean(unseen))
+        best = self.values[self.best][seed]
+        return POINTS * self.sign * (best - self.values[configuration][seed])
 
     @property
     def median_gap(self) -> float:
@@ -179,3 +182,56 @@ def choose_from(objective, constraints, pruned: bool):
         return choose_best(ordered, objective, constraints, stopped_are_pruned=pruned)[0]
 
     return choose
+
+
+@dataclass(frozen=True)
+class Paired:
+    """Search A against search B replay by replay (the same seed draws and held-out seed):
+    the differences A - B of one figure, their mean with a bootstrap 95% interval, how often A
+    was lower (better for regret and compute), higher or equal, and the p-value of Wilcoxon's
+    signed-rank test (Pratt's treatment of ties: equal replays count, as they should when two
+    searches often choose the same configuration)."""
+
+    n: int
+    mean: float
+    mean_ci: tuple[float, float]
+    lower: int  # replays where A's figure is below B's
+    higher: int
+    ties: int
+    p_value: float  # two-sided; NaN when every pair is a tie
+
+    @classmethod
+    def of(cls, a: list[float], b: list[float], seed: int = 0) -> Paired:
+        if len(a) != len(b):
+            raise ValueError(f"paired figures need as many replays: {len(a)} against {len(b)}")
+        d = np.asarray(
+            [x - y for x, y in zip(a, b, strict=True) if not (math.isnan(x) or math.isnan(y))]
+        )
+        if len(d) == 0:
+            nan = (math.nan, math.nan)
+            return cls(0, math.nan, nan, 0, 0, 0, math.nan)
+        ties = int(np.sum(d == 0))
+        p_value = math.nan
+        if ties < len(d):
+            p_value = float(stats.wilcoxon(d, zero_method="pratt").pvalue)
+        return cls(
+            n=len(d),
+            mean=float(np.mean(d)),
+            mean_ci=_interval(d, np.mean, seed),
+            lower=int(np.sum(d < 0)),
+            higher=int(np.sum(d > 0)),
+            ties=ties,
+            p_value=p_value,
+        )
+
+    def describe(self, digits: int = 2) -> str:
+        """``+0.49 [0.17, 0.84] (12 lower, 5 higher, 13 equal; Wilcoxon p = 0.01)``."""
+        if self.n == 0:
+            return "-"
+        f = f"{{:+.{digits}f}}"
+        low, high = (f.format(v) for v in self.mean_ci)
+        p = "-" if math.isnan(self.p_value) else f"{self.p_value:.3g}"
+        return (
+            f"{f.format(self.mean)} [{low}, {high}] ({self.lower} lower, {self.higher} higher, "
+            f"{self.ties} equal; Wilcoxon p = {p})"
+        )
