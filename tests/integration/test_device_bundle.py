@@ -48,6 +48,7 @@ DEVICE_HAS = [
     "cloudpickle", "anyio", "jinja2", "markupsafe", "attrs", "scipy", "regex",
 ]  # fmt: skip
 LACKS = ["ray", "mlflow", "optuna", "pydantic", "datasets", "sqlalchemy"]
+DEVICE_LACKS_BUT_PIP_PULLS = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection"]
 
 
 def pins() -> dict[str, str]:
@@ -87,6 +88,9 @@ def device_like_venv(root: Path, python: str, requirements: list[str]) -> Path:
             quiet([python, "-m", "venv", str(venv)])
             pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
             quiet([*pip, "--disable-pip-version-check", *requirements])
+            # typer (transformers' CLI) pulls pydantic in now; the device's typer does not
+            uninstall = [str(venv / "bin" / "python"), "-m", "pip", "uninstall", "--quiet", "-y"]
+            quiet([*uninstall, *DEVICE_LACKS_BUT_PIP_PULLS])
             (venv / "installed").write_text("\n".join(requirements))
     return venv
 
