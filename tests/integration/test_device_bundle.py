@@ -165,10 +165,11 @@ def test_bundle_runs_a_search_where_only_torch_and_transformers_are(tmp_path, ca
 
 
 def python312() -> str | None:
-    """A Python 3.12 interpreter on this machine (the device's version), if any."""
-    for candidate in ("python3.12", str(Path.home() / ".pyenv/versions/3.12.1/bin/python3")):
+    """A Python 3.12 interpreter on this machine (the device's version), if any (a pyenv
+    shim that names a version not selected does not count)."""
+    for candidate in (str(Path.home() / ".pyenv/versions/3.12.1/bin/python3"), "python3.12"):
         found = shutil.which(candidate)
-        if found:
+        if found and subprocess.run([found, "--version"], capture_output=True).returncode == 0:
             return found
     return None
 
