@@ -139,10 +139,10 @@ def _kill_group(proc: subprocess.Popen, quiet: bool = False) -> None:
 
 
 def commit() -> str:
-    """The commit this copy was built from: the bundle's BUILD (the device copy has no .git),
-    else git, else unknown."""
-    if os.environ.get("RAYPEFT_BUILD"):
-        return os.environ["RAYPEFT_BUILD"]
+    """The commit this copy is: git's where there is a .git, else the bundle's BUILD (the
+    device copy has none; the bundle is built from the checkout that travels); a bundle built
+    from another commit is named beside it."""
+    bundle = os.environ.get("RAYPEFT_BUILD")
     try:
         head = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True
@@ -151,9 +151,10 @@ def commit() -> str:
             ["git", "status", "--porcelain", "--untracked-files=no"],
             cwd=REPO, capture_output=True, text=True,
         ).stdout.strip()  # fmt: skip
-        return head + ("+uncommitted" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+        return f"{bundle} (the bundle's BUILD)" if bundle else "unknown"
+    head += "+uncommitted" if dirty else ""
+    return head + (f" (bundle built from {bundle})" if bundle and bundle != head else "")
 
 
 def stamp(cpu: bool) -> str:

@@ -80,6 +80,11 @@ import sys
 from pathlib import Path
 
 model, bf16 = Path(sys.argv[1]), Path(sys.argv[2])
+try:
+    import torch, transformers  # noqa: F401 - every device has them
+except ImportError:
+    print("on-device: no torch or transformers here: MiniLM left without weights")
+    sys.exit(0)
 if bf16.exists():
     from safetensors.torch import load_file, save_file
 
