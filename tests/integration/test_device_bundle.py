@@ -42,10 +42,12 @@ DEVICE_VERSIONS = {
     "safetensors": "0.8.0",
     "huggingface-hub": "1.33.0",
 }
-DEVICE_HAS = [
+DEVICE_HAS = [  # raypeft's closure (device-bundle.sh) that the device image has (KINDS.md)
     "numpy", "pandas", "pyarrow", "pyyaml", "click", "tabulate", "psutil", "filelock", "fsspec",
     "packaging", "protobuf", "msgpack", "requests", "tqdm", "typing-extensions", "xxhash",
-    "cloudpickle", "anyio", "jinja2", "markupsafe", "attrs", "scipy", "regex",
+    "cloudpickle", "anyio", "jinja2", "markupsafe", "attrs", "scipy", "regex", "annotated-doc",
+    "certifi", "charset-normalizer", "h11", "hf-xet", "idna", "python-dateutil", "urllib3",
+    "zipp", "six",
 ]  # fmt: skip
 LACKS = ["ray", "mlflow", "optuna", "pydantic", "datasets", "sqlalchemy"]
 DEVICE_LACKS_BUT_PIP_PULLS = ["pydantic", "pydantic-core", "annotated-types", "typing-inspection"]
@@ -71,10 +73,11 @@ def device_requirements() -> list[str]:
 
 
 def quiet(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``args`` run to success (the failure's output in the assertion otherwise)."""
     proc = subprocess.run(args, capture_output=True, text=True, **kwargs)
     assert proc.returncode == 0, (
         f"{' '.join(args[:3])}... failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    )  # noqa: E501
+    )
     return proc
 
 
@@ -140,7 +143,7 @@ def test_bundle_runs_a_search_where_only_torch_and_transformers_are(tmp_path, ca
             "-c",
             f"import importlib.util as u; print([m for m in {LACKS!r} if u.find_spec(m)])",
         ]
-    )  # noqa: E501
+    )
     assert missing.stdout.strip() == "[]", "the device-like venv has a package the device lacks"
     bundle = tmp_path / "bundle"
     build_bundle(bundle, version)
@@ -202,11 +205,9 @@ def test_cp312_bundle_starts_ray_mlflow_and_optuna(tmp_path, cache_root):
     if python is None:
         pytest.skip("no Python 3.12 on this machine")
     pinned = pins()
-    venv = device_like_venv(
-        cache_root,
-        python,
-        [f"{n}=={pinned[n]}" for n in DEVICE_HAS if n != "numpy"] + ["numpy==2.5.2"],
-    )  # noqa: E501
+    requirements = [f"{n}=={pinned[n]}" for n in DEVICE_HAS if n != "numpy"]
+    requirements += ["numpy==2.5.2", f"huggingface-hub=={DEVICE_VERSIONS['huggingface-hub']}"]
+    venv = device_like_venv(cache_root, python, requirements)
     bundle = tmp_path / "bundle"
     build_bundle(bundle, "3.12")
     run = quiet(
