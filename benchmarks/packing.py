@@ -116,7 +116,8 @@ def run(kind: str, setting: Setting, device: torch.device, k: int, threads: int)
 
 HEADER = (
     "backbone", "method", "precision", "K", "pack step ms", "pack trials/h", "separate trials/h",
-    "×", "pack peak MiB", "separate peak MiB", "memory ×", "Δ/member MiB",
+    "×", "sequential trials/h", "× sequential", "pack peak MiB", "separate peak MiB", "memory ×",
+    "Δ/member MiB",
 )  # fmt: skip
 
 
@@ -124,39 +125,46 @@ def _cell(value: float | None, fmt: str = ",.0f") -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def row_cells(setting: Setting, k: int, packed: dict, separate: dict, trial_steps: int, first):
-    """One row's cells: packed against separate, and what each member beyond the first adds
-    to the pack's peak (``first``: the peak of the pack of one)."""
+def row_cells(
+    setting: Setting, k: int, packed: dict, separate: dict, trial_steps: int, first, alone: dict
+):
+    """One row's cells: packed against separate and against sequential trials (``alone``: one
+    trial on the whole device, as K trials run one after the other), and what each member
+    beyond the first adds to the pack's peak (``first``: the peak of the pack of one)."""
     per_trial = trial_steps * setting.batch_size  # samples one trial trains on
     pack_h = packed["samples_per_s"] * 3600 / per_trial
     separate_h = separate["samples_per_s"] * 3600 / per_trial
+    sequential_h = alone["samples_per_s"] * 3600 / per_trial
     peak, apart = packed["peak_mib"], separate["peak_mib"]
     growth = (peak - first) / (k - 1) + 0.0 if peak and first and k > 1 else None
     memory = f"{peak / apart:.2f}×" if peak and apart else "-"
     return [
         setting.backbone, setting.method, setting.precision, str(k),
         f"{1000 * packed['step_s']:.1f}", _cell(pack_h), _cell(separate_h),
-        f"{pack_h / separate_h:.2f}×", _cell(peak), _cell(apart), memory, _cell(growth),
+        f"{pack_h / separate_h:.2f}×", _cell(sequential_h), f"{pack_h / sequential_h:.2f}×",
+        _cell(peak), _cell(apart), memory, _cell(growth),
     ]  # fmt: skip
 
 
 def table(settings: list[Setting], device, ks: list[int], threads: int, trial_steps: int, say):
-    """One row per backbone × method × K: packed and separate measured side by side."""
+    """One row per backbone × method × K: packed and separate measured side by side, and
+    sequential trials (one trial alone: the separate K=1). Each row is printed as it is
+    measured (a run cut off keeps them), the table at the end."""
     rows, cells = [], []
     for setting in settings:
         why = gpu_step.applicable(setting, device)
         if why:
             cells.append([setting.backbone, setting.method, setting.precision, f"n/a: {why}"])
             continue
-        first_peak = None
+        first_peak = alone = None
         for k in ks:
             packed = run("pack", setting, device, k, threads)
             separate = run("separate", setting, device, k, threads)
             if k == 1:
-                first_peak = packed["peak_mib"]
-            cells.append(row_cells(setting, k, packed, separate, trial_steps, first_peak))
-            ratio = cells[-1][7]
-            say(f"  measured {setting.backbone} {setting.method} K={k}: {ratio} the trials/h")
+                first_peak, alone = packed["peak_mib"], separate
+            alone = alone or run("separate", setting, device, 1, threads)
+            cells.append(row_cells(setting, k, packed, separate, trial_steps, first_peak, alone))
+            say(f"  measured | {' | '.join(cells[-1])} |")
             rows.append({**setting.__dict__, "k": k, "packed": packed, "separate": separate})
     cells = [c + [""] * (len(HEADER) - len(c)) for c in cells]
     say(markdown_table(HEADER, cells, right_aligned_after(3, len(HEADER))))

@@ -18,7 +18,8 @@ variants do):
   position 0 is a prompt slot; raypeft's head on a mean-pooling sentence encoder (MiniLM)
   reads the mean of the input's own tokens (``model.head_pooling: auto``);
 - fp32 on the CPU (the Trainer's default); raypeft's ``train.precision: auto`` is fp32 on a
-  CPU too unless it has AMX (bf16 on a GPU of compute capability 8 or more);
+  CPU too unless it has AMX (bf16 on a GPU of compute capability 8 or more). Where torch sees a
+  GPU both train on it (the peer in fp32, its default there too; ``benchmarks.gpu_run``, step c);
 - trials one at a time, each with every core (``study.optimize`` runs them in turn); raypeft
   runs as many at once as fit, each with one core;
 - the best trial's hyperparameters are trained again to get a model (``hyperparameter_search``
@@ -240,7 +241,9 @@ def peer_model(cfg, num_labels: int, params: dict):
 
 
 def training_arguments(cfg, folder: Path, bf16: bool = False):
-    """The Trainer's arguments for pt.yaml's training (``bf16``: the CPU's autocast)."""
+    """The Trainer's arguments for pt.yaml's training (``bf16``: the CPU's autocast), on the
+    GPU where there is one, in fp32 (the Trainer's default), else on the CPU."""
+    import torch
     from transformers import TrainingArguments
 
     train = cfg.train
@@ -258,7 +261,7 @@ def training_arguments(cfg, folder: Path, bf16: bool = False):
         logging_strategy="no",
         report_to=[],
         seed=train.seed,
-        use_cpu=True,
+        use_cpu=not torch.cuda.is_available(),  # the GPU where there is one (benchmarks.gpu_run)
         bf16=bf16,
         disable_tqdm=True,
     )

@@ -49,5 +49,10 @@ def test_packing_benchmark_prints_packed_against_separate_trials(tmp_path):
     for row in rows:
         step_ms, pack_h, separate_h = (float(c.replace(",", "")) for c in row[4:7])
         assert step_ms > 0 and pack_h > 0 and separate_h > 0, row
-        assert row[7].endswith("×") and row[10].endswith("×"), row  # trials/h and memory ratios
-    assert rows[0][11] == "-" and rows[1][11] != "-"  # what the second member adds
+        # trials/h against separate and against sequential trials, and the memory ratio
+        assert row[7].endswith("×") and row[9].endswith("×") and row[12].endswith("×"), row
+    # K sequential trials: one trial alone (the separate K=1), whatever K
+    assert rows[0][8] == rows[1][8] and rows[0][6] == rows[0][8]
+    assert rows[0][13] == "-" and rows[1][13] != "-"  # what the second member adds
+    measured = [line for line in proc.stdout.splitlines() if line.startswith("  measured | tiny")]
+    assert len(measured) == 2  # each row printed as it is measured (a run cut off keeps them)
