@@ -60,10 +60,10 @@ def test_a_real_run_is_placed_among_the_replays(dept_table_file, capsys):
     assert simulation_check.percentile_of(2.0, [1.0, 2.0, 3.0, 4.0]) == 50.0
 
 
-def test_a_real_runs_regret_is_also_placed_among_the_unseen_seed_regrets(dept_table_file, capsys):
+def test_a_real_runs_regret_is_also_placed_among_the_heldout_seed_regrets(dept_table_file, capsys):
     sim = replays(dept_table_file)
     unseen = sorted(s.heldout for s in sim.scores)
     out = report_of(sim, capsys, regret=unseen[-1] + 5.0)
-    assert "regret, unseen seeds" in out and "normalised, unseen seeds" in out
-    # beyond every replay's unseen-seed regret: the 100th percentile, outside the band
+    assert "regret, held-out seed" in out and "normalised, held-out seed" in out
+    # beyond every replay's held-out-seed regret: the 100th percentile, outside the band
     assert out.count(f"{unseen[-1] + 5.0:.2f} (p100, OUT)") == 2

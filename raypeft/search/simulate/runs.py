@@ -120,11 +120,11 @@ def simulate(
     label: str | None = None,
 ) -> Simulation:
     """Replay ``search`` ``replays`` times against ``table``: replay ``i`` runs the file's
-    sampler at seed ``search.seed + i`` and draws the recorded seeds it sees as the file's
-    ``search.trial_seed`` policy trains them (:func:`draw_seeds`, with
-    ``random.Random(f"{seed}/{i}")``), holding out the i-th seed in turn where the table has
-    one to spare; the full grid is replayed on the same draws. Replays of two files with the
-    same ``seed`` and policy see the same draws: their scores pair by replay index."""
+    sampler at seed ``search.seed + seed + i`` and draws the recorded seeds it sees as the
+    file's ``search.trial_seed`` policy trains them (:func:`draw_seeds`, with
+    ``random.Random(f"{seed}/{i}")``), holding out the (seed + i)-th seed in turn where the
+    table has one to spare; the full grid is replayed on the same draws. Replays of two files
+    with the same ``seed`` and policy see the same draws: their scores pair by replay index."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per ask otherwise
     concurrency = concurrency or search.search.max_concurrent or table.concurrency()
     cfg = replay_config(search, table, concurrency)
@@ -134,13 +134,13 @@ def simulate(
     policy = "per_trial" if SEED_KEY in cfg.space else cfg.search.trial_seed
     spare = cfg.search.repeat_best.seeds if cfg.search.repeat_best else 0
     for i in range(replays):
-        draws = draw_seeds(table, random.Random(f"{seed}/{i}"), policy, i, spare)
-        cfg_i = with_sampler_seed(cfg, cfg.search.seed + i)
+        # replay i of --seed S: the draws' rotation and the sampler both start at S + i, so
+        # another seed (S >= the first study's replays) gives fresh replays, not the same ones
+        draws = draw_seeds(table, random.Random(f"{seed}/{i}"), policy, seed + i, spare)
+        cfg_i = with_sampler_seed(cfg, cfg.search.seed + seed + i)
         replay = replay_search(cfg_i, table, draws, concurrency)
         reference = replay_search(grid, table, draws, concurrency)
-        simulation.scores.append(
-            score(i, cfg_i, table, quality, replay, reference, draws.heldout)
-        )
+        simulation.scores.append(score(i, cfg_i, table, quality, replay, reference, draws.heldout))
     return simulation
 
 
