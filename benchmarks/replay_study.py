@@ -104,17 +104,31 @@ SETTINGS: dict[str, dict] = {
     "gp-none": {"sampler": "gp", "scheduler": NONE},
     # Optuna draws its first n_startup_trials (10) at random: at 12 samples TPE and GP choose
     # almost nothing (issue 42); fewer start-up trials let them act
-    "tpe-none-repeat2x1-startup2": {"scheduler": NONE, "repeat_best": {"top_k": 2, "seeds": 1},
-                                    "startup_trials": 2},  # fmt: skip
-    "tpe-none-repeat2x1-startup4": {"scheduler": NONE, "repeat_best": {"top_k": 2, "seeds": 1},
-                                    "startup_trials": 4},  # fmt: skip
-    "tpe-none-repeat2x1-startup6": {"scheduler": NONE, "repeat_best": {"top_k": 2, "seeds": 1},
-                                    "startup_trials": 6},  # fmt: skip
-    "gp-none-repeat2x1-startup4": {"sampler": "gp", "scheduler": NONE,
-                                   "repeat_best": {"top_k": 2, "seeds": 1},
-                                   "startup_trials": 4},  # fmt: skip
-    "tpe-asha-loss-grace2-repeat2x1": {"scheduler": {**ASHA, "grace_period": 2},
-                                       "repeat_best": {"top_k": 2, "seeds": 1}},  # fmt: skip
+    "tpe-none-repeat2x1-startup2": {
+        "scheduler": NONE,
+        "repeat_best": {"top_k": 2, "seeds": 1},
+        "startup_trials": 2,
+    },  # fmt: skip
+    "tpe-none-repeat2x1-startup4": {
+        "scheduler": NONE,
+        "repeat_best": {"top_k": 2, "seeds": 1},
+        "startup_trials": 4,
+    },  # fmt: skip
+    "tpe-none-repeat2x1-startup6": {
+        "scheduler": NONE,
+        "repeat_best": {"top_k": 2, "seeds": 1},
+        "startup_trials": 6,
+    },  # fmt: skip
+    "gp-none-repeat2x1-startup4": {
+        "sampler": "gp",
+        "scheduler": NONE,
+        "repeat_best": {"top_k": 2, "seeds": 1},
+        "startup_trials": 4,
+    },  # fmt: skip
+    "tpe-asha-loss-grace2-repeat2x1": {
+        "scheduler": {**ASHA, "grace_period": 2},
+        "repeat_best": {"top_k": 2, "seeds": 1},
+    },  # fmt: skip
     "tpe-asha-loss-grace2-repeat2x1-startup4": {
         "scheduler": {**ASHA, "grace_period": 2},
         "repeat_best": {"top_k": 2, "seeds": 1},
@@ -277,7 +291,8 @@ def main() -> None:
     parser.add_argument("--table", action="append", type=Path, required=True)
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the replays' draws (another seed: fresh replays)")  # fmt: skip
+                        help="offsets the replays' draws and sampler seeds: fresh replays "
+                        "with --seed >= the first study's --replays")  # fmt: skip
     parser.add_argument("--only", action="append",
                         help="replay these settings again, whatever is stored (default: every "
                         "setting not stored yet)")  # fmt: skip

@@ -13,4 +13,12 @@ from raypeft.search.simulate.runs import Simulation, simulate
 from raypeft.search.simulate.scores import Paired
 from raypeft.search.simulate.table import CurveTable, read_table
 
-__all__ = ["CurveTable", "Paired", "Simulation", "differences", "read_table", "replay_config", "simulate"]
+__all__ = [
+    "CurveTable",
+    "Paired",
+    "Simulation",
+    "differences",
+    "read_table",
+    "replay_config",
+    "simulate",
+]
