@@ -40,14 +40,7 @@ def tiny_experiment(tmp_path: Path, **sections) -> Path:
     cfg = {
         "name": "tiny-dept",
         "model": {"name": "tiny-bert", "max_length": 16},
-        # the test split cut too (the packaged one has 2,000 tweets: seconds to tokenize and
-        # score in every search's driver); a test that needs it whole says so
-        "task": {
-            "name": "tweet_sentiment",
-            "max_train_examples": 160,
-            "max_eval_examples": 48,
-            "max_test_examples": 48,
-        },
+        "task": {"name": "tweet_sentiment", "max_train_examples": 160, "max_eval_examples": 48},
         "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
         "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
         "space": {
@@ -189,37 +182,4 @@ def mlflow_finished(tmp_path: Path, trial_id: str) -> bool:
     return any(
         k.data.tags.get("raypeft.trial_id") == trial_id and k.info.status == "FINISHED"
         for k in kids
-    )
-
-
-# ----------------------------------------------------------------------------- searches run
-# in the test's own process, on one Ray per module (the `local_ray` fixture)
-
-
-def tune_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``raypeft tune ARGS`` run in this process, in ``cwd``, on the Ray the ``local_ray``
-    fixture started: the command's own code, output and exit code, as the console script
-    gives them, without a new interpreter's imports (~5 s of CPU) and a new Ray (~3 s) per
-    search. For tests that are not about the process itself (signals, a killed driver, Ray's
-    start-up): those run the console script (:func:`run_cli`, :func:`start_search`).
-
-    Name the MLflow store in ``args`` (``--tracking-uri sqlite:////abs/mlflow.db``): MLflow
-    keeps one store per URI in a process, so the relative default would find the first
-    test's file."""
-    import torch
-    from click.testing import CliRunner
-
-    from raypeft.cli.main import main
-
-    threads, before = torch.get_num_threads(), os.getcwd()
-    os.chdir(cwd)
-    try:
-        result = CliRunner().invoke(main, ["tune", *args])
-    finally:
-        os.chdir(before)
-        torch.set_num_threads(threads)  # the test split is scored on every core
-    if result.exception is not None and not isinstance(result.exception, SystemExit):
-        raise result.exception
-    return subprocess.CompletedProcess(
-        [RAYPEFT, "tune", *args], result.exit_code, result.stdout, result.stderr
     )

@@ -11,7 +11,7 @@ import yaml
 from filelock import FileLock
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import TINY_SEARCH_BASE, cli_env, run_cli
+from tests.helpers import TINY_SEARCH_BASE, run_cli
 
 
 @dataclass
@@ -79,24 +79,3 @@ def _run_finished_search(cwd: Path) -> None:
     proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=cwd)
     assert proc.returncode == 0, proc.stderr[-3000:]
     (cwd / "stdout.txt").write_text(proc.stdout)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    """One local Ray for a module's in-process searches (``tests.helpers.tune_in_process``),
-    started as ``raypeft tune`` starts it (loopback only, this machine's CPUs) in the
-    environment the CLI's subprocesses get, and shut down after the module's last test."""
-    import ray
-
-    from raypeft.search.ray_session import init_ray
-
-    with pytest.MonkeyPatch.context() as patch:
-        for name, value in cli_env().items():
-            if os.environ.get(name) != value:
-                patch.setenv(name, value)
-        patch.delenv("MLFLOW_TRACKING_URI", raising=False)
-        init_ray(None, quiet=True)
-        try:
-            yield
-        finally:
-            ray.shutdown()

@@ -173,7 +173,6 @@ def test_driver_killed_during_the_test_evaluation_resumes_without_training(tmp_p
     path = tiny_experiment(
         tmp_path,
         # the packaged tweets' whole test split (2,000): scoring it takes seconds
-        task={"max_test_examples": 2000},
         train={"max_steps": steps, "eval_every": every},
         search={"num_samples": num_samples, "max_concurrent": 1, "scheduler": {"type": "none"}},
     )

@@ -1,7 +1,6 @@
 """The search language through the real CLI: pruned trials in the persisted Optuna study, a
 continued study, multi-objective search with constraints, repeated seeds, other samplers and
-schedulers, and --quiet. The searches that are not about the console script's output run in
-the test's process on one Ray (``local_ray``, ``tune_in_process``)."""
+schedulers, and --quiet."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 from optuna.trial import TrialState
 
-from tests.helpers import children, run_cli, tiny_experiment, tune_in_process
+from tests.helpers import children, run_cli, tiny_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -29,9 +28,7 @@ def _parent(client: MlflowClient, name: str, index: int = 0):
     return experiment, runs[index]
 
 
-def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues(
-    tmp_path, local_ray
-):
+def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues(tmp_path):
     path = tiny_experiment(
         tmp_path,
         train={"max_steps": 24, "eval_every": 4},
@@ -45,9 +42,7 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
             "scheduler": {"type": "asha", "grace_period": 1, "reduction_factor": 3},
         },
     )
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    args = ["--space", str(path), "--tracking-uri", store]
-    proc = tune_in_process([*args, "--progress-interval", "5"], tmp_path)
+    proc = run_cli(["tune", "--space", str(path), "--progress-interval", "5"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "stopped early at step" in proc.stdout  # a progress line per finished trial
     assert "--- " in proc.stdout  # the live table was printed at least once (and at the end)
@@ -92,9 +87,11 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
 
     # the same experiment again: the study keeps its history; grid points already run are
     # not enqueued again; another sampler and scheduler work on the same study
-    again = tune_in_process(
+    again = run_cli(
         [
-            *args,
+            "tune",
+            "--space",
+            str(path),
             "--set",
             "search.num_samples=2",
             "--set",
@@ -102,7 +99,7 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
             "--set",
             "search.scheduler.type=median",
         ],
-        tmp_path,
+        cwd=tmp_path,
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert "continuing Optuna study 'tiny-dept'" in again.stdout
@@ -113,7 +110,7 @@ def test_pruned_trials_reach_the_persisted_study_which_a_second_search_continues
     assert {t.user_attrs["raypeft.parent_run_id"] for t in study.trials[6:]} == {second.info.run_id}
 
 
-def test_multi_objective_with_constraints_and_repeated_seeds(tmp_path, local_ray):
+def test_multi_objective_with_constraints_and_repeated_seeds(tmp_path):
     path = tiny_experiment(
         tmp_path,
         space={
@@ -129,8 +126,7 @@ def test_multi_objective_with_constraints_and_repeated_seeds(tmp_path, local_ray
             "scheduler": {"type": "hyperband", "grace_period": 1, "brackets": 2},
         },
     )
-    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    proc = tune_in_process(["--space", str(path), "--tracking-uri", store], tmp_path)
+    proc = run_cli(["tune", "--space", str(path)], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Pareto front (loss vs trainable_params)" in proc.stdout
     assert "repeated seeds (mean ± std of validation loss)" in proc.stdout
