@@ -437,7 +437,10 @@ def test_trials_run_on_both_nodes_and_log_through_the_server(mlflow_server, ray_
     args += ["--address", ray_cluster.address, "--tracking-uri", mlflow_server.url]
     proc = run_driver(args, work, ray_cluster.env)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    # (besides the note that DePT's models have no peft export, printed before any check)
+    errors = [
+        line for line in proc.stderr.splitlines() if line.strip() and not line.startswith("note: ")
+    ]
     assert len(errors) == 1 and "resources.cpus_per_worker" in errors[0], proc.stderr[-3000:]
     assert f"the cluster at {ray_cluster.address}" in errors[0]
     assert len(client.search_runs([experiment.experiment_id])) == 1 + NUM_TRIALS  # no new run
