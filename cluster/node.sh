@@ -41,6 +41,9 @@
 # node's environment, e.g. ~/.bashrc, where another Ray already uses them):
 #   RAYPEFT_GCS_PORT=6379 RAYPEFT_DASHBOARD_PORT=8265 RAYPEFT_CLIENT_PORT=10001
 #   RAYPEFT_AGENT_PORT=52365 RAYPEFT_MLFLOW_PORT=5000
+# and the head's Prometheus exporters (Ray reads these two itself; a port another Ray on the
+# machine holds leaves the exporter silently off):
+#   DASHBOARD_METRIC_PORT=44227 AUTOSCALER_METRIC_PORT=44217
 set -euo pipefail
 
 CLUSTER_ENV=~/.raypeft/cluster.env

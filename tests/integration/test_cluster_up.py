@@ -73,6 +73,10 @@ PORTS = {  # off Ray's and MLflow's defaults (another Ray may use them on this m
     "RAYPEFT_DASHBOARD_PORT": 28265,
     "RAYPEFT_CLIENT_PORT": 30001,
     "RAYPEFT_MLFLOW_PORT": 25000,
+    # the head's Prometheus exporters bind fixed ports (Ray's defaults 44227, 44217) on every
+    # address: a local Ray of another test holding them leaves the exporters off, silently
+    "DASHBOARD_METRIC_PORT": 24227,
+    "AUTOSCALER_METRIC_PORT": 24217,
 }
 AGENT_PORTS = {"head": 22365, "w1": 22366, "w2": 22367}  # one per host: they share loopback
 GCS = f"{ADDRESSES['head']}:{PORTS['RAYPEFT_GCS_PORT']}"
