@@ -243,6 +243,14 @@ def paired_cell(row: dict, base: dict | None, figure: str) -> str:
     return f"{paired.mean:+.2f} [{low:+.2f}, {high:+.2f}] p={p}"
 
 
+def goal_cell(goal: dict) -> str:
+    """Met or missed, and on which regret: the held-out seed's, or in-sample where the table
+    had no seed to spare."""
+    verdict = "met" if goal["met"] else "missed"
+    figure = "held-out" if goal.get("scored_on") == "heldout" else "in-sample"
+    return f"{verdict} ({figure})"
+
+
 def print_rows(rows: list[dict], baseline: str, fresh: set[tuple]) -> None:
     """One line per setting; rows not replayed by this invocation say so, with their date."""
     header = [
@@ -265,7 +273,7 @@ def print_rows(rows: list[dict], baseline: str, fresh: set[tuple]) -> None:
             cell(r["regret"]),
             cell(r["steps"]),
             cell(r["wall"]),
-            "met" if r["goal"]["met"] else "missed",
+            goal_cell(r["goal"]),
         ])  # fmt: skip
     print_table(header, body, right_aligned_after(1, len(header)))
 
