@@ -3,6 +3,10 @@
 The files are used as shipped (pre-trained MiniLM, packaged tweets, their methods, spaces and
 schedulers); ``--set`` only cuts the data, the steps and the number of trials, so a file whose
 methods, presets or space cannot actually train fails here, not on a user's laptop.
+
+compare.yaml is also where every registered method trains through ``raypeft tune`` in one
+search at one parameter budget: its grid over ``method.name`` must be the whole registry, and
+each trial stays within its ``budget_params``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from raypeft.config.loading import load_experiment
+from raypeft.methods import METHODS
 from tests.helpers import children, run_cli
 
 pytestmark = pytest.mark.integration
@@ -31,15 +36,16 @@ SHRINK = [
 
 def shrunk(path: Path, tmp_path: Path) -> list[str]:
     """The overrides that shrink a shipped file: every method a file compares (its
-    method.name grid) trains once; the DePT files, whose α1 × α2 grid the docs lead with,
-    run two grid points; a file's repeated seeds repeat its best trial only."""
+    method.name grid) trains once; dept.yaml, whose α1 × α2 grid the docs lead with, runs two
+    grid points; a file's repeated seeds repeat its best trial once (one more seed)."""
     cfg = load_experiment(path)
     methods = cfg.space.get("method.name")
     if methods is not None and hasattr(methods, "grid"):
         trials = len(methods.grid)
     else:
-        trials = 2 if cfg.method.name == "dept" else 1
-    extra = ["search.repeat_best.top_k=1"] if cfg.search.repeat_best else []
+        trials = 2 if hasattr(cfg.space.get("method.lr_lowrank"), "grid") else 1
+    repeats = ["search.repeat_best.top_k=1", "search.repeat_best.seeds=1"]
+    extra = repeats if cfg.search.repeat_best else []
     return [*SHRINK, *extra, f"search.num_samples={trials}", f"run.storage_path={tmp_path}"]
 
 
@@ -67,3 +73,10 @@ def test_shipped_experiment_runs(tmp_path, path):
     assert all(kid.info.status == "FINISHED" for kid in kids)
     if methods is not None:  # a comparison: every method trained
         assert {kid.data.tags["raypeft.method"] for kid in kids} == set(methods.grid)
+    if path.name == "compare.yaml":  # every registered method, within one budget
+        assert set(methods.grid) == set(METHODS)
+        for kid in kids:
+            count = int(kid.data.params["derived.trainable_params"])
+            assert 0 < count <= cfg.budget_params, (kid.data.tags["raypeft.method"], count)
+            assert int(kid.data.params["budget_params"]) == cfg.budget_params
+        assert "test_accuracy" in parent.data.metrics
