@@ -9,6 +9,11 @@ import tempfile
 for _var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
     os.environ.setdefault(_var, "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# torch's OpenMP threads (the CLI's driver scores the test split on every core) wait for
+# work by sleeping, not spinning: with both cores busy (pytest-xdist's two workers), a
+# spinning thread burnt ~25% of a tiny search's CPU (measured on suite-speed, 2026-11-27);
+# sleeping changes no result. CLI subprocesses and the Ray processes they start inherit it.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # IPT's pretrained tables are cached per test session, not in the user's ~/.cache (CLI
 # subprocesses of the integration tests inherit it, and reuse what the session built)
 os.environ.setdefault("RAYPEFT_CACHE", tempfile.mkdtemp(prefix="raypeft-test-cache-"))

@@ -40,7 +40,14 @@ def tiny_experiment(tmp_path: Path, **sections) -> Path:
     cfg = {
         "name": "tiny-dept",
         "model": {"name": "tiny-bert", "max_length": 16},
-        "task": {"name": "tweet_sentiment", "max_train_examples": 160, "max_eval_examples": 48},
+        # the test split cut too (the packaged one has 2,000 tweets: seconds to tokenize and
+        # score in every search's driver); a test that needs it whole says so
+        "task": {
+            "name": "tweet_sentiment",
+            "max_train_examples": 160,
+            "max_eval_examples": 48,
+            "max_test_examples": 48,
+        },
         "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
         "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
         "space": {
