@@ -125,6 +125,11 @@ class StudySearcher(Searcher):
         self.handles: dict[int, optuna.trial.Trial] = {}  # trials asked for, by number
         self.told: set[str] = set()  # Tune trials whose end the study holds
         self.reported: dict[int, set[int]] = {}  # trial number -> steps the study holds
+        # Tune trials whose stored state this process has read: a paused trial is taken up and
+        # a told end found at a trial's first event here; after that, only this process
+        # changes the trial (not read again per result: the queries grew with the results)
+        self.looked_up: set[str] = set()
+        self.ids: dict[int, int] = {}  # trial number -> the storage's trial id (never changes)
         self.waiting: list[tuple[int, int]] = []  # (repeat, original) numbers
         self.driver: str | None = None
         for point in points_to_evaluate or []:
@@ -224,7 +229,7 @@ class StudySearcher(Searcher):
         self.told = set(state["told"])
         self.waiting = [(int(r), int(o)) for r, o in state["waiting"]]
         self.driver = state["driver"]
-        self.handles, self.reported = {}, {}
+        self.handles, self.reported, self.looked_up, self.ids = {}, {}, set(), {}
         self.study.sampler.reseed_rng()
 
     # ------------------------------------------------------------------ a paused trial
@@ -233,11 +238,21 @@ class StudySearcher(Searcher):
         """A trial the search paused on was closed FAIL in the study (so that nothing was left
         RUNNING); when the resumed search runs it again, it goes on in a new RUNNING trial with
         the same parameters, distributions, attributes and intermediate values, which the
-        trial's end is told to; it names the paused one (``raypeft.resumed_from_trial``)."""
+        trial's end is told to; it names the paused one (``raypeft.resumed_from_trial``).
+        The storage is read once per trial and process (:meth:`_look_up`)."""
         number = self.trials.get(trial_id)
-        if number is None:
+        if number is None or trial_id in self.looked_up:
             return
+        self._look_up(trial_id)
+
+    def _look_up(self, trial_id: str) -> None:
+        """Read the trial's stored state once in this process: a trial paused by an earlier
+        driver goes on in a new one; an end an earlier driver told is remembered."""
+        self.looked_up.add(trial_id)
+        number = self.trials[trial_id]
         paused = self._frozen(number)
+        if paused.state.is_finished() and INTERRUPTED_ATTR not in paused.user_attrs:
+            self.told.add(trial_id)
         if paused.state != TrialState.FAIL or INTERRUPTED_ATTR not in paused.user_attrs:
             return
         attrs = {
@@ -253,7 +268,8 @@ class StudySearcher(Searcher):
             intermediate_values=paused.intermediate_values,
         )
         new_id = self.storage.create_new_trial(self.study_id, template_trial=template)
-        self.trials[trial_id] = self.storage.get_trial_number_from_id(new_id)
+        number = self.storage.get_trial_number_from_id(new_id)
+        self.trials[trial_id], self.ids[number] = number, new_id
 
     # ------------------------------------------------------------------ repeats
 
@@ -365,6 +381,7 @@ class StudySearcher(Searcher):
         """A new trial from the sampler (or the queue: grid points, unrun configurations)."""
         trial = self.study.ask()
         self.handles[trial.number] = trial
+        self.reported[trial.number] = set()  # a new trial holds no values: nothing to read
         trial.set_user_attr(PARENT_RUN_ATTR, self.parent_run_id)  # for the dashboard, MLflow
         return trial
 
@@ -372,9 +389,14 @@ class StudySearcher(Searcher):
         """Trial ``number`` as an object that reports and sets attributes: the one asked for,
         or (a trial taken up after a pause) one made from its storage id once."""
         if number not in self.handles:
-            trial_id = storage_id(self.storage, self.study_id, number)
-            self.handles[number] = optuna.trial.Trial(self.study, trial_id)
+            self.handles[number] = optuna.trial.Trial(self.study, self._storage_id(number))
         return self.handles[number]
+
+    def _storage_id(self, number: int) -> int:
+        """Trial ``number``'s id in the storage, asked once."""
+        if number not in self.ids:
+            self.ids[number] = storage_id(self.storage, self.study_id, number)
+        return self.ids[number]
 
     def _report(self, number: int, value: float, step: int) -> None:
         """Trial ``number``'s value at ``step``, unless the study holds one for that step: a
@@ -392,13 +414,15 @@ class StudySearcher(Searcher):
 
     def _frozen(self, number: int) -> optuna.trial.FrozenTrial:
         """Trial ``number`` as the storage holds it now."""
-        return self.storage.get_trial(storage_id(self.storage, self.study_id, number))
+        return self.storage.get_trial(self._storage_id(number))
 
     def _told(self, trial_id: str) -> bool:
         """Whether the study already holds the trial's end: a search whose driver died after
-        telling Optuna, but before Tune's last snapshot, re-runs the trial's last steps."""
-        if trial_id not in self.told and self._frozen(self.trials[trial_id]).state.is_finished():
-            self.told.add(trial_id)
+        telling Optuna, but before Tune's last snapshot, re-runs the trial's last steps. Read
+        from the storage at the trial's first event in this process (:meth:`_look_up`); this
+        process's own tells are added as it makes them."""
+        if trial_id not in self.looked_up:
+            self._look_up(trial_id)
         return trial_id in self.told
 
     def _tell(self, number: int, state: TrialState, values: list[float] | None) -> None:

@@ -393,3 +393,52 @@ def test_a_continued_study_draws_new_configurations():
 
     assert first_proposals(0) == first_proposals(0)  # reproducible
     assert first_proposals(0) != first_proposals(3)
+
+
+def count_statements(storage) -> list[str]:
+    """Every SQL statement the storage's engine runs from now on (SQLAlchemy's event)."""
+    import sqlalchemy
+
+    seen: list[str] = []
+    sqlalchemy.event.listen(
+        storage.engine,
+        "before_cursor_execute",
+        lambda conn, cursor, statement, *rest: seen.append(statement.split()[0].upper()),
+    )
+    return seen
+
+
+def run_trials(search, first: int, count: int, results: int) -> None:
+    """``count`` trials driven as Tune drives them: suggest, ``results`` evaluations, end."""
+    for n in range(first, first + count):
+        trial_id = f"t{n}"
+        search.suggest(trial_id)
+        for k in range(1, results + 1):
+            search.on_trial_result(trial_id, result(10 * k, 0.1 * k, length=10 * results))
+        search.on_trial_complete(trial_id, result(10 * results, 0.1 * results, 10 * results))
+
+
+def test_the_study_is_read_once_per_trial_not_per_result(tmp_path):
+    """What a trial costs the study grows neither with its evaluations nor with the trials run
+    before it (issue 41): the trial's stored state is read at its first event only, so an
+    evaluation costs the statements of Optuna's own ``Trial.report`` and nothing more (the
+    searcher read the trial twice per result before: 183 SELECTs per trial of 8 evaluations
+    against 57 now)."""
+    search, _ = make_search(tmp_path, [ACC])
+    statements = count_statements(search.storage)
+    run_trials(search, 0, 10, results=2)
+    two = len(statements)
+    statements.clear()
+    run_trials(search, 10, 10, results=8)  # six more evaluations per trial, ten trials later
+    eight = len(statements)
+    statements.clear()
+    run_trials(search, 20, 10, results=8)
+    assert len(statements) == eight, (two, eight, len(statements))  # flat in the trials run
+    # one evaluation, reported straight to Optuna: what the searcher may spend per result
+    scratch = search.study.ask()
+    scratch.report(0.5, 1)
+    statements.clear()
+    scratch.report(0.6, 2)
+    per_report = len(statements)
+    extra = eight - two - 10 * 6 * per_report  # what the 60 more evaluations cost beyond that
+    assert extra <= 10, (two, eight, per_report)  # a statement per trial at most
