@@ -134,9 +134,10 @@ def kill_session(proc: subprocess.Popen) -> None:
 def results(root: Path) -> list[dict]:
     """Every result Tune has written so far under ``root`` (its result.json files).
 
-    Walked with ``os.walk``, which skips a folder that vanishes while it is read: Tune
-    deletes a trial's older checkpoint folders (``num_to_keep``) as the search runs, and
-    ``Path.rglob`` raised FileNotFoundError when that happened mid-walk (a flaky test)."""
+    Walked with ``os.walk``, which skips a folder that vanishes while it is read: raypeft
+    deletes a finished trial's older checkpoint folders as the search runs
+    (raypeft.search.superseded), and ``Path.rglob`` raised FileNotFoundError when that
+    happened mid-walk (a flaky test)."""
     out = []
     for folder, _, files in os.walk(root):
         if "result.json" not in files:

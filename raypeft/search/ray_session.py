@@ -41,8 +41,9 @@ def init_ray(address: str | None, quiet: bool = False) -> None:
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # Tune's newer console output ignores verbose=0; raypeft prints its own progress table
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    # Trials checkpoint only when their metric improves, and with num_to_keep set Tune then
-    # snapshots the experiment each time: expected here, not worth a warning per trial.
+    # Tune forces an experiment snapshot at a trial's end and the experiment's (raypeft's
+    # searches set no num_to_keep: raypeft.search.superseded); two close together are
+    # expected, not worth a warning.
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # A diverged trial's last result carries the failure, not the metric (raypeft.training.loop):
     # every other result has it, and the schedulers and searcher skip results without it.

@@ -42,6 +42,7 @@ from raypeft.search.resources import trials_at_once
 from raypeft.search.searcher import StudySearcher, discrete_space
 from raypeft.search.space import DefineByRun
 from raypeft.search.study import StudyPlan, build_sampler
+from raypeft.search.superseded import SupersededCheckpoints
 from raypeft.search.trial_runners import storage_path, trainable_for, use_ray_train
 from raypeft.tracking.callback import MLflowTrialCallback
 from raypeft.training.result_keys import EVALUATION_KEY
@@ -199,10 +200,12 @@ class TuneRunner:
     say: Callable[[str], None] = print  # a line for the user
 
     def callbacks(self, num_samples: int) -> list[Callback]:
-        """MLflow logging, and the live table unless quiet."""
+        """MLflow logging, and the live table unless quiet; a finished trial's superseded
+        checkpoints deleted last, after the others have read its latest."""
         # TuneSignals: Ctrl-C pauses Tune's loop
         own = [self.tracker, self.trial_records, TuneSignals()]
-        return own if self.live_table is None else [*own, self.live_table(num_samples)]
+        table = [] if self.live_table is None else [self.live_table(num_samples)]
+        return [*own, *table, SupersededCheckpoints()]
 
     def fit(
         self,
@@ -269,7 +272,10 @@ class TuneRunner:
                 name=name,
                 storage_path=storage_path(cfg),
                 callbacks=callbacks,
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+                # every checkpoint kept by Tune, superseded ones deleted by raypeft when the
+                # trial ends (SupersededCheckpoints): with num_to_keep Tune snapshots the
+                # whole experiment at every trial checkpoint, quadratic in the trials
+                checkpoint_config=tune.CheckpointConfig(num_to_keep=None),
                 # a trial whose actor dies restarts from its latest checkpoint (full state)
                 failure_config=tune.FailureConfig(max_failures=cfg.run.max_failures),
                 verbose=0,  # raypeft's own progress table (ProgressPrinter) instead of Tune's

@@ -5,12 +5,15 @@ of its configuration at its seed."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import optuna
 import yaml
 from mlflow.tracking import MlflowClient
 
 from raypeft.config.space import configuration_key
-from tests.helpers import TINY_SEARCH_BASE, children, run_cli
+from tests.helpers import TINY_SEARCH_BASE, children, cli_env, run_cli
 from tests.replay_tables import grid_table
 
 GRID = {
@@ -75,3 +78,62 @@ def test_a_replayed_search_reports_the_table_it_replays(tmp_path):
     )
     # checkpoints are real: the chosen trial's model was logged and registered
     assert "Registered model 'replay-50' version 1" in proc.stdout
+    # each trial wrote one per evaluation; a finished trial keeps its latest only
+    folders = [p for p in (tmp_path / "ray_results").glob("replay-50-*/dept_*") if p.is_dir()]
+    assert len(folders) == 50
+    assert all([c.name for c in f.glob("checkpoint_*")] == ["checkpoint_000002"] for f in folders)
+
+
+# A search in a driver that counts the experiment snapshots Tune takes: Tune reads every
+# callback's state at each one (Callback.get_state), raypeft's MLflow callback's included.
+COUNTING_DRIVER = """
+import sys
+
+import ray
+
+from raypeft.config.loading import load_experiment
+from raypeft.search.run import run_experiment
+from raypeft.tracking.callback import MLflowTrialCallback
+
+snapshots = []
+get_state = MLflowTrialCallback.get_state
+
+
+def counted(self):
+    snapshots.append(1)
+    return get_state(self)
+
+
+MLflowTrialCallback.get_state = counted
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+run_experiment(load_experiment(sys.argv[1]), source=sys.argv[1], printer=lambda *_: None)
+print("snapshots", len(snapshots))
+"""
+
+
+def test_trial_checkpoints_do_not_each_snapshot_the_experiment(tmp_path):
+    """Issue 41's growth: with Tune's num_to_keep, every trial checkpoint forced a snapshot of
+    the whole experiment (every trial's state), so a search's snapshots cost trials x
+    checkpoints x trials. 20 replayed trials write 60 checkpoints; the snapshots are Tune's
+    periodic ones, not one per checkpoint."""
+    cfg = _experiment(tmp_path, tmp_path / "table.json")
+    grid = {"method.lr_prompt": GRID["method.lr_prompt"], "method.lr_lowrank": [1e-3, 5e-3]}
+    cfg["space"] = {key: {"grid": values} for key, values in grid.items()}
+    cfg["search"]["num_samples"] = 20
+    grid_table(tmp_path / "table.json", cfg, grid, SEEDS, STEPS)
+    path = tmp_path / "replay.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.run(
+        [sys.executable, "-c", COUNTING_DRIVER, str(path)],
+        cwd=tmp_path,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("snapshots ")]
+    snapshots = int(line.split()[1])
+    # measured: 62 with num_to_keep (one per checkpoint, and two), 3 without (Tune's periodic
+    # ones, every 10 s or more, and the end's): fewer than one per trial either way it runs
+    assert 0 < snapshots < 20, snapshots
