@@ -29,10 +29,9 @@ from tests.helpers import (
 pytestmark = pytest.mark.integration
 
 
-# A single trial long enough that the kill lands mid-trial: after its checkpoint at step 100,
-# with 200 steps still to go (what the kill needs to land; more steps prove nothing more).
-LONG = {"max_steps": 300, "eval_every": 50, "batch_size": 8, "head_lr": 0.01}
-MARGIN = 200  # steps a trial still has to go when the test kills
+# A long single trial: 600 steps evaluated every 50 (tens of seconds on tiny-bert), so the
+# kill lands mid-trial, after at least one checkpoint.
+LONG = {"max_steps": 600, "eval_every": 50, "batch_size": 8, "head_lr": 0.01}
 
 
 @pytest.mark.parametrize(
@@ -89,7 +88,7 @@ def test_killed_worker_resumes_from_its_checkpoint(tmp_path, resources):
 
 
 def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
-    steps, every = 400, 40  # ~4-8 s per trial on tiny-bert
+    steps, every = 1000, 100  # ~10-20 s per trial on tiny-bert
     path = tiny_experiment(
         tmp_path,
         train={**LONG, "max_steps": steps, "eval_every": every},
@@ -115,7 +114,7 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
         )
         wait_for(lambda: mlflow_finished(tmp_path, done[0]), "trial 1 in MLflow", 60, proc)
         running = wait_for(
-            lambda: [t for t, s in latest_steps().items() if 2 * every <= s <= steps - MARGIN],
+            lambda: [t for t, s in latest_steps().items() if 2 * every <= s < steps - every],
             "trial 2 mid-way",
             400,
             proc,
