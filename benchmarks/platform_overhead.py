@@ -275,25 +275,65 @@ def summary_line(row: dict[str, Any]) -> str:
     return f"{where} {row['per_trial_ms']:8.1f} ms/trial  driver {row['driver_peak_mb']:.0f} MB"
 
 
+def marginal(points: list[tuple[int, float]]) -> list[tuple[int, int, float]]:
+    """``(size, fit_s)`` points, sorted by size: the ms each added trial cost between
+    consecutive sizes, ``(from, to, ms)``. What a search's start and end cost once (Ray's actors,
+    the stores' tables, the summary) cancels out, so a flat platform gives equal numbers."""
+    return [
+        (a, b, 1000 * (fb - fa) / (b - a))
+        for (a, fa), (b, fb) in zip(points, points[1:], strict=False)
+    ]
+
+
 def growth(rows: list[dict[str, Any]]) -> list[str]:
-    """Per store, concurrency and layer: ms per trial at each size, and the slope of time per
-    trial against the number of trials (ms per trial per 1,000 trials; 0 = flat)."""
+    """Per store, concurrency and layer: the ms per added trial between consecutive sizes
+    (:func:`marginal`), and how much the last interval's exceeds the first's (issue 41's goal:
+    within 20% from 100 to 1,000 trials)."""
     groups: dict[tuple, list[tuple[int, float]]] = {}
     for r in rows:
         if "error" not in r:
             groups.setdefault((r["store"], r["concurrency"], r["layer"]), []).append(
-                (r["size"], r["per_trial_ms"])
+                (r["size"], r["fit_s"])
             )
     lines = []
     for (store, conc, layer), points in sorted(groups.items()):
-        points.sort()
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
-        slope = 0.0
-        if len(points) > 1:
-            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-            slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x in xs)
-        sizes = ", ".join(f"{x}: {y:.1f}" for x, y in points)
-        lines.append(f"{store} C={conc} {layer}: ms/trial {sizes}; slope {1000 * slope:.2f}")
+        steps = marginal(sorted(points))
+        if not steps:
+            continue
+        each = ", ".join(f"{a}->{b}: {ms:.1f}" for a, b, ms in steps)
+        change = steps[-1][2] / steps[0][2] - 1 if steps[0][2] > 0 else float("nan")
+        lines.append(
+            f"{store} C={conc} {layer}: ms per added trial {each}; last against first {change:+.0%}"
+        )
+    return lines
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[str]:
+    """Per store and concurrency: raypeft's ms per added trial over the largest interval
+    against bare Tune's and Tune + OptunaSearch's (issue 41's goal: <= 2x the latter)."""
+    last: dict[tuple, float] = {}
+    groups: dict[tuple, list[tuple[int, float]]] = {}
+    for r in rows:
+        if "error" not in r:
+            groups.setdefault((r["store"], r["concurrency"], r["layer"]), []).append(
+                (r["size"], r["fit_s"])
+            )
+    for key, points in groups.items():
+        steps = marginal(sorted(points))
+        if steps:
+            last[key] = steps[-1][2]
+    lines = []
+    for store, conc in sorted({(k[0], k[1]) for k in last}):
+        ours = last.get((store, conc, "raypeft"))
+        if ours is None:
+            continue
+        parts = [
+            f"{ours / last[(store, conc, layer)]:.2f}x {layer}"
+            for layer in ("tune", "tune_optuna")
+            if last.get((store, conc, layer), 0) > 0
+        ]
+        if parts:
+            lines.append(f"{store} C={conc} raypeft per added trial: " + ", ".join(parts))
     return lines
 
 
@@ -318,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     run_grid(args)
     rows = [json.loads(ln) for ln in Path(args.out).read_text().splitlines() if ln.strip()]
-    print("\n".join(growth(rows)))
+    print("\n".join(growth(rows) + ratios(rows)))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,10 @@ class TrialRecordsCallback(Callback):
         values = system_metrics(result)
         if run_id is None or not values:
             return
+        # a resumed trial may re-run steps its run holds (from a checkpoint older than them)
+        self._system_steps.setdefault(
+            trial.trial_id, self.tracker.adopted_steps.get(trial.trial_id, -1)
+        )
         step = new_step(result, self._system_steps, trial.trial_id)
         if step is None:
             return  # a resumed trial re-running a step its run already holds

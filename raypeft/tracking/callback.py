@@ -217,6 +217,9 @@ class MLflowTrialCallback(Callback):
         self.tune_checkpoints: dict[str, Any] = {}  # trial id -> its latest Tune checkpoint
         self._worker_tags: dict[str, dict[str, str]] = {}  # trial id -> node/pid last tagged
         self._logged_steps: dict[str, int] = {}  # trial id -> last step logged (resumed runs)
+        # trial id -> the last step its run held when this (resumed) search adopted it: what
+        # the other callbacks logging per step skip too (Tune's snapshot may be older)
+        self.adopted_steps: dict[str, int] = {}
         self._precision_logged: set[str] = set()  # trial ids whose resolved precision is logged
         self._repeats: set[str] = set()  # trial ids of the repeats' runs (search.repeat_best)
 
@@ -268,6 +271,7 @@ class MLflowTrialCallback(Callback):
                 self._precision_logged.add(trial_id)
             history = self.client.get_metric_history(run.info.run_id, "train_loss")
             self._logged_steps[trial_id] = max((m.step for m in history), default=-1)
+            self.adopted_steps[trial_id] = self._logged_steps[trial_id]
 
     def collect_results(self, results, repeats: bool = False) -> None:
         """After the search: every trial's latest checkpoint from Tune's results (a resumed

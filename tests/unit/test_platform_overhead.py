@@ -28,17 +28,21 @@ def test_the_benchmark_measures_every_layer_and_resumes(tmp_path, capsys):
 
     platform_overhead.main(args)  # everything measured already: nothing runs again
     assert len(out.read_text().splitlines()) == 3
-    assert len(capsys.readouterr().out.strip().splitlines()) == 3  # the growth lines only
+    assert capsys.readouterr().out.strip() == ""  # one size: no interval to cost
 
 
-def test_growth_is_the_slope_of_time_per_trial_against_trials():
+def test_growth_is_the_cost_of_each_added_trial():
+    """A fixed start cost cancels out: flat is flat however large the start; a platform whose
+    trials each cost 0.1 ms more per trial run before them shows it."""
+    flat = [(10, 20.0 + 0.05 * 10), (100, 20.0 + 0.05 * 100), (1000, 20.0 + 0.05 * 1000)]
+    grows = [(n, 0.05 * n + 0.0001 * n * n / 2) for n in (10, 100, 1000)]
     rows = [
-        {"store": "sqlite", "concurrency": 2, "layer": "raypeft", "size": n, "per_trial_ms": ms}
-        for n, ms in [(10, 50.0), (100, 50.0), (1000, 50.0)]
-    ] + [
-        {"store": "sqlite", "concurrency": 2, "layer": "tune", "size": n, "per_trial_ms": n / 10}
-        for n in (10, 100, 1000)
+        {"store": "sqlite", "concurrency": 2, "layer": layer, "size": n, "fit_s": fit}
+        for layer, points in (("raypeft", flat), ("tune", grows))
+        for n, fit in points
     ]
-    flat, grows = platform_overhead.growth(rows)
-    assert flat.endswith("slope 0.00") and "10: 50.0, 100: 50.0, 1000: 50.0" in flat
-    assert grows.endswith("slope 100.00")  # 0.1 ms more per trial for each trial run
+    ours, theirs = platform_overhead.growth(rows)
+    assert ours.endswith("10->100: 50.0, 100->1000: 50.0; last against first +0%"), ours
+    assert theirs.endswith("10->100: 55.5, 100->1000: 105.0; last against first +89%"), theirs
+    (ratio,) = platform_overhead.ratios(rows)
+    assert ratio == "sqlite C=2 raypeft per added trial: 0.48x tune"
