@@ -110,11 +110,16 @@ def children(client: MlflowClient, experiment_id: str, parent_id: str):
 
 def start_search(args: list[str], cwd: Path) -> subprocess.Popen:
     """``raypeft tune`` in the background, in its own session (so the test can clean up
-    every process it started, whatever happens)."""
+    every process it started, whatever happens).
+
+    Tune copies the trials' result files to ``run.storage_path`` when it snapshots the
+    experiment, every 10 s or more by default; the tests watch a running search through
+    those files (:func:`results`), so it snapshots every second here (Tune's documented
+    ``TUNE_GLOBAL_CHECKPOINT_S``)."""
     return subprocess.Popen(
         [RAYPEFT, "tune", *args],
         cwd=cwd,
-        env=cli_env(),
+        env={**cli_env(), "TUNE_GLOBAL_CHECKPOINT_S": "1"},
         stdout=open(cwd / "stdout.log", "a"),  # noqa: SIM115 - the child owns it
         stderr=subprocess.STDOUT,
         start_new_session=True,
