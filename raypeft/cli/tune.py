@@ -70,7 +70,7 @@ def command(
     for note in checked.notes:
         click.echo(f"note: {note}", err=True)
     # why: Ray, MLflow and Optuna take seconds to import; --help and bad input answer sooner
-    from raypeft.search.interrupts import SearchInterrupted
+    from raypeft.search.interrupts import SearchInterrupted, ignore_further_signals
     from raypeft.search.run import SearchFailed, run_experiment
     from raypeft.tracking.stores import TrackingLost
 
@@ -92,6 +92,7 @@ def command(
     except SearchInterrupted as exc:
         resume_args = _resume_command(space_file, given, address, tracking_uri)
         click.echo(paused_line(exc, resume_args), err=True)
+        ignore_further_signals()
         sys.exit(exc.exit_code)
     print_summary(summary)
 

@@ -110,6 +110,15 @@ class Interrupts:
 _active: Interrupts | None = None  # the search's Interrupts (signals are process-wide)
 
 
+def ignore_further_signals() -> None:
+    """After the pause line: the process only shuts Ray down and exits. A signal arriving
+    then (an impatient second Ctrl-C) raised KeyboardInterrupt inside Ray's exit handler, a
+    traceback after the line that must be the last one printed."""
+    if threading.current_thread() is threading.main_thread():
+        for s in HANDLED:
+            signal.signal(s, signal.SIG_IGN)
+
+
 def quiet_killed_actors() -> None:
     """After a signal, Tune ends its actors with ``ray.kill``: the results of the tasks they
     were running hold an ActorDiedError nobody reads. Ray logs each such error as

@@ -372,32 +372,39 @@ class MLflowTrialCallback(Callback):
         run_id = self.run_ids.get(trial.trial_id)
         if run_id is None:
             return
-        self._tag_worker(trial.trial_id, run_id, result)
-        self._log_precision(trial.trial_id, run_id, result)
+        # one write per result: where the trial trains and its precision (when new) go with
+        # the evaluation's metrics (a write per kind cost each trial two more transactions)
+        tags = self._new_worker_tags(trial.trial_id, result)
+        params = self._precision_param(trial.trial_id, result)
+        metrics = []
         if FAILURE_KEY in result:  # the loss diverged: the reason, for the MLflow UI
-            self.client.set_tag(run_id, ERROR_TAG, str(result[FAILURE_KEY])[:5000])
-            return
-        step = new_step(result, self._logged_steps, trial.trial_id)
-        if step is None:
-            return  # a resumed trial re-running a step its run already holds
-        timestamp = int(result.get("timestamp", 0) * 1000)
-        metrics = [Metric(k, v, timestamp, step) for k, v in numeric_metrics(result).items()]
-        self.client.log_batch(run_id, metrics=metrics)
+            tags.append(RunTag(ERROR_TAG, str(result[FAILURE_KEY])[:5000]))
+        else:
+            step = new_step(result, self._logged_steps, trial.trial_id)
+            timestamp = int(result.get("timestamp", 0) * 1000)
+            if step is not None:  # None: a resumed trial re-running a step its run holds
+                metrics = [
+                    Metric(k, v, timestamp, step) for k, v in numeric_metrics(result).items()
+                ]
+        if tags or params or metrics:
+            self.client.log_batch(run_id, metrics=metrics, params=params, tags=tags)
 
-    def _tag_worker(self, trial_id: str, run_id: str, result: dict) -> None:
-        """Tag where the trial trains (node id, IP, pid; a packed trial's pack id); again
-        when a restart moved it."""
+    def _new_worker_tags(self, trial_id: str, result: dict) -> list[RunTag]:
+        """Tags of where the trial trains (node id, IP, pid; a packed trial's pack id): at its
+        first result, and again when a restart moved it."""
         keys = (*WORKER_KEYS, RESUMED_KEY, RESTARTED_KEY, PACK_ID_KEY)
         where = {k: str(result[k]) for k in keys if k in result}
-        if where and self._worker_tags.get(trial_id) != where:
-            self._worker_tags[trial_id] = where
-            self.client.log_batch(run_id, tags=[RunTag(result_tag(k), v) for k, v in where.items()])
+        if not where or self._worker_tags.get(trial_id) == where:
+            return []
+        self._worker_tags[trial_id] = where
+        return [RunTag(result_tag(k), v) for k, v in where.items()]
 
-    def _log_precision(self, trial_id: str, run_id: str, result: dict) -> None:
+    def _precision_param(self, trial_id: str, result: dict) -> list[Param]:
         """The precision the trial resolved ``train.precision`` to, as a param, once."""
-        if PRECISION_KEY in result and trial_id not in self._precision_logged:
-            self._precision_logged.add(trial_id)
-            log_params(self.client, run_id, {PRECISION_PARAM: result[PRECISION_KEY]})
+        if PRECISION_KEY not in result or trial_id in self._precision_logged:
+            return []
+        self._precision_logged.add(trial_id)
+        return [Param(PRECISION_PARAM, param_text(result[PRECISION_KEY]))]
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         run_id = self.run_ids.get(trial.trial_id)
