@@ -99,6 +99,20 @@ def run_cli(
     )
 
 
+def run_driver(script: str, experiment: Path, cwd: Path) -> subprocess.CompletedProcess:
+    """A search driver of the test's own (Python source ``script``, given the experiment
+    file as its argument: a Ray started its way, a callback observed) in the environment
+    the console script runs in."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(experiment)],
+        cwd=cwd,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+
+
 def children(client: MlflowClient, experiment_id: str, parent_id: str):
     """The MLflow runs nested under ``parent_id`` (a search's trials)."""
     return client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")

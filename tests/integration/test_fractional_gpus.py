@@ -13,13 +13,10 @@ of the GPU at the same time; with room for three, the fourth could start only af
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.helpers import children, cli_env, results, tiny_experiment
+from tests.helpers import children, results, run_driver, tiny_experiment
 
 pytestmark = pytest.mark.integration
 
@@ -52,14 +49,7 @@ def test_four_trials_share_one_gpu_at_a_time(tmp_path):
         search={"num_samples": TRIALS, "scheduler": {"type": "none"}},
         resources={"gpus_per_worker": 0.25, "cpus_per_worker": 0.5},
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(path)],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    proc = run_driver(DRIVER, path, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     plan = "4 trials, 4 at a time (each 0.5 CPU and 0.25 GPU: 4 trials share a GPU)"
     assert plan in proc.stdout, proc.stdout

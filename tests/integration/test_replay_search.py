@@ -5,15 +5,12 @@ of its configuration at its seed."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import optuna
 import yaml
 from mlflow.tracking import MlflowClient
 
 from raypeft.config.space import configuration_key
-from tests.helpers import TINY_SEARCH_BASE, children, cli_env, run_cli
+from tests.helpers import TINY_SEARCH_BASE, children, run_cli, run_driver
 from tests.replay_tables import grid_table
 
 GRID = {
@@ -123,14 +120,7 @@ def test_trial_checkpoints_do_not_each_snapshot_the_experiment(tmp_path):
     grid_table(tmp_path / "table.json", cfg, grid, SEEDS, STEPS)
     path = tmp_path / "replay.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    proc = subprocess.run(
-        [sys.executable, "-c", COUNTING_DRIVER, str(path)],
-        cwd=tmp_path,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = run_driver(COUNTING_DRIVER, path, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("snapshots ")]
     snapshots = int(line.split()[1])
