@@ -114,7 +114,7 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
         )
         wait_for(lambda: mlflow_finished(tmp_path, done[0]), "trial 1 in MLflow", 60, proc)
         running = wait_for(
-            lambda: [t for t, s in latest_steps().items() if 2 * every <= s < steps - every],
+            lambda: [t for t, s in latest_steps().items() if 3 * every <= s < steps - every],
             "trial 2 mid-way",
             400,
             proc,
@@ -165,9 +165,11 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
     assert after[done[0]].info.end_time / 1000 < killed_at
     history = client.get_metric_history(after[done[0]].info.run_id, "val_accuracy")
     assert [(m.step, m.value) for m in history] == [(m.step, m.value) for m in finished_history]
-    # the interrupted trial continued its own run from its checkpoint
+    # the interrupted trial continued its own run from a checkpoint, not from step 0: the one
+    # the driver's last experiment snapshot named (every second here: start_search), which may
+    # be a step or two behind the result the test saw before the kill
     mid = after[running[0]]
-    assert int(mid.data.tags["raypeft.resumed_from_step"]) >= 2 * every
+    assert int(mid.data.tags["raypeft.resumed_from_step"]) >= every
     for kid in kids:
         assert_each_step_once(client, kid.info.run_id, steps, every)
 
