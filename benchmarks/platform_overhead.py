@@ -285,19 +285,22 @@ def marginal(points: list[tuple[int, float]]) -> list[tuple[int, int, float]]:
     ]
 
 
+def marginals(rows: list[dict[str, Any]]) -> dict[tuple, list[tuple[int, int, float]]]:
+    """:func:`marginal` of each (store, concurrency, layer) of the measured rows."""
+    groups: dict[tuple, list[tuple[int, float]]] = {}
+    for r in rows:
+        if "error" not in r:
+            key = (r["store"], r["concurrency"], r["layer"])
+            groups.setdefault(key, []).append((r["size"], r["fit_s"]))
+    return {key: marginal(sorted(points)) for key, points in groups.items()}
+
+
 def growth(rows: list[dict[str, Any]]) -> list[str]:
     """Per store, concurrency and layer: the ms per added trial between consecutive sizes
     (:func:`marginal`), and how much the last interval's exceeds the first's (issue 41's goal:
     within 20% from 100 to 1,000 trials)."""
-    groups: dict[tuple, list[tuple[int, float]]] = {}
-    for r in rows:
-        if "error" not in r:
-            groups.setdefault((r["store"], r["concurrency"], r["layer"]), []).append(
-                (r["size"], r["fit_s"])
-            )
     lines = []
-    for (store, conc, layer), points in sorted(groups.items()):
-        steps = marginal(sorted(points))
+    for (store, conc, layer), steps in sorted(marginals(rows).items()):
         if not steps:
             continue
         each = ", ".join(f"{a}->{b}: {ms:.1f}" for a, b, ms in steps)
@@ -311,17 +314,7 @@ def growth(rows: list[dict[str, Any]]) -> list[str]:
 def ratios(rows: list[dict[str, Any]]) -> list[str]:
     """Per store and concurrency: raypeft's ms per added trial over the largest interval
     against bare Tune's and Tune + OptunaSearch's (issue 41's goal: <= 2x the latter)."""
-    last: dict[tuple, float] = {}
-    groups: dict[tuple, list[tuple[int, float]]] = {}
-    for r in rows:
-        if "error" not in r:
-            groups.setdefault((r["store"], r["concurrency"], r["layer"]), []).append(
-                (r["size"], r["fit_s"])
-            )
-    for key, points in groups.items():
-        steps = marginal(sorted(points))
-        if steps:
-            last[key] = steps[-1][2]
+    last = {key: steps[-1][2] for key, steps in marginals(rows).items() if steps}
     lines = []
     for store, conc in sorted({(k[0], k[1]) for k in last}):
         ours = last.get((store, conc, "raypeft"))
