@@ -227,7 +227,7 @@ def test_driver_killed_during_the_repeats_resumes_them_from_their_checkpoints(tm
             return [
                 t
                 for t, s in trials.items()
-                if s["status"] == "RUNNING" and 2 * every <= s["step"] < steps - every
+                if s["status"] == "RUNNING" and 3 * every <= s["step"] < steps - every
             ]
 
         interrupted = wait_for(repeat_mid_way, "a repeat past a checkpoint", 600, proc)
@@ -265,8 +265,10 @@ def test_driver_killed_during_the_repeats_resumes_them_from_their_checkpoints(tm
         assert "raypeft.error" not in run.data.tags, run.data.tags["raypeft.error"]
         assert_each_step_once(search.client, run.info.run_id, steps, every)
     by_trial = {r.data.tags["raypeft.trial_id"]: r for r in repeats}
-    # the interrupted repeat continued its own run from its checkpoint
+    # the interrupted repeat continued its own run from a checkpoint, not from step 0: the one
+    # the driver's last experiment snapshot named (every second here: start_search), which may
+    # be a step or two behind the result the test saw before the kill
     resumed_at = int(by_trial[interrupted[0]].data.tags["raypeft.resumed_from_step"])
-    assert 2 * every <= resumed_at < steps
+    assert every <= resumed_at < steps
     seeds_by_run = sorted(int(r.data.params["train.seed"]) for r in repeats)
     assert seeds_by_run == [43, 44]  # train.seed (42) + 1 .. seeds, each trained once
