@@ -1,0 +1,202 @@
+"""What a user runs after a big search, timed at 1,000 runs (issue 41, item 4).
+
+One search of ``--trials`` zero-time replayed trials (``resources.trial_runner: replay``, the
+table and experiment of :mod:`benchmarks.platform_overhead`, 8 at a time) runs through the real
+``raypeft tune`` into ``--work``; then each command a user runs after it is timed as the user
+runs it, a subprocess on that store:
+
+- ``raypeft report`` (figures, report.html, trials.csv, logged to the parent run);
+- ``raypeft table`` (the learning-curve table, from Optuna and MLflow);
+- ``raypeft predict --experiment`` (the best trial's model on 64 texts);
+- ``raypeft ui``: the seconds until it prints its URL, then until headless Chromium shows the
+  runs page with the search's parent run and, expanded, its first trial.
+
+Each measurement appends one JSON line to ``--out`` as it ends; a command already there for
+this number of trials is skipped, and a finished search in ``--work`` is reused (resumable).
+
+    python -m benchmarks.after_search --trials 1000 --work /tmp/after-search
+
+Time it alone on the machine: a run beside other work is not a timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.platform_overhead import TINY, VALUES, replay_table
+
+RAYPEFT = str(Path(sys.executable).with_name("raypeft"))
+NAME = "after-search"
+COMMANDS = ("tune", "report", "table", "predict", "ui")
+ENV = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true",
+       "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}  # fmt: skip
+
+
+def experiment(trials: int, work: Path) -> dict[str, Any]:
+    """The search: platform_overhead's raypeft cell at C=8, in ``work``'s sqlite stores."""
+    return {
+        "name": NAME,
+        **TINY,
+        "space": {k: {"choice": VALUES} for k in ("method.lr_prompt", "method.lr_lowrank")},
+        "search": {"num_samples": trials, "sampler": "random", "max_concurrent": 8,
+                   "scheduler": {"type": "none"}},  # fmt: skip
+        "resources": {"trial_runner": "replay"},
+        "replay": {"table": str(work / "table.json"), "time_scale": 0},
+        "run": {"storage_path": str(work / "ray_results")},
+    }
+
+
+def run(args: list[str], work: Path, timeout: float = 3600) -> float:
+    """``raypeft ARGS`` in ``work``, to success; its wall seconds."""
+    start = time.perf_counter()
+    proc = subprocess.run([RAYPEFT, *args], cwd=work, env={**os.environ, **ENV},
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    if proc.returncode:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        raise RuntimeError(f"raypeft {args[0]} exited {proc.returncode}: " + " | ".join(tail))
+    return time.perf_counter() - start
+
+
+def searched(work: Path) -> bool:
+    """Whether ``work`` holds a finished search (its summary line was written)."""
+    return (work / "tune.done").exists()
+
+
+def tune(trials: int, work: Path) -> dict[str, Any]:
+    """The search itself, from scratch (a half-done one is removed first)."""
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    data = experiment(trials, work)
+    replay_table(work / "table.json", data)
+    (work / "experiment.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    seconds = run(["tune", "experiment.yaml", "--quiet"], work)
+    (work / "tune.done").write_text(f"{seconds}\n")
+    return {"wall_s": seconds}
+
+
+def report(work: Path) -> dict[str, Any]:
+    seconds = run(["report", NAME, "--out", "report"], work)
+    return {"wall_s": seconds, "figures": len(list((work / "report").glob("*.png")))}
+
+
+def table(work: Path) -> dict[str, Any]:
+    seconds = run(["table", NAME, "--out", "table-read.json"], work)
+    curves = json.loads((work / "table-read.json").read_text())["curves"]
+    return {"wall_s": seconds, "curves": len(curves)}
+
+
+def predict(work: Path) -> dict[str, Any]:
+    texts = [f"the {i}th day of the search was {'good' if i % 2 else 'bad'}" for i in range(64)]
+    (work / "texts.txt").write_text("\n".join(texts) + "\n")
+    seconds = run(["predict", "--experiment", NAME, "--input", "texts.txt"], work)
+    return {"wall_s": seconds, "texts": len(texts)}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ui(work: Path) -> dict[str, Any]:
+    """``raypeft ui``: seconds to its URL, then to the runs page showing the parent run and,
+    expanded, a trial, in headless Chromium (the system's, driven by Playwright)."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from raypeft.tracking.runs import parent_runs, trial_runs
+    from raypeft.tracking.stores import tracking_client
+
+    client = tracking_client(f"sqlite:///{work / 'mlflow.db'}")
+    exp_id = client.get_experiment_by_name(NAME).experiment_id
+    (parent,) = parent_runs(client, exp_id)
+    trial = trial_runs(client, exp_id, parent.info.run_id)[0]
+    port = _free_port()
+    start = time.perf_counter()
+    proc = subprocess.Popen([RAYPEFT, "ui", NAME, "--port", str(port)], cwd=work,
+                            env={**os.environ, **ENV}, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+    try:
+        url = next(ln.split(": ", 1)[1].strip() for ln in proc.stdout if ln.startswith("MLflow UI"))
+        served_s = time.perf_counter() - start
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=shutil.which("chromium"), headless=True,
+                                         args=["--no-sandbox", "--disable-gpu"])  # fmt: skip
+            page = browser.new_page(viewport={"width": 2400, "height": 1100})
+            start = time.perf_counter()
+            page.goto(url)
+            row = page.locator(f'.ag-pinned-left-cols-container [row-id="{parent.info.run_id}"]')
+            expect(row.get_by_role("link", name=NAME, exact=True)).to_be_visible(timeout=600_000)
+            parent_s = time.perf_counter() - start
+            first = page.get_by_role("link", name=trial.info.run_name, exact=True)
+            if not first.is_visible():
+                row.locator("button").first.click()
+            expect(first).to_be_visible(timeout=600_000)
+            expanded_s = time.perf_counter() - start
+            browser.close()
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+    return {"wall_s": served_s + expanded_s, "served_s": served_s, "parent_row_s": parent_s,
+            "first_trial_s": expanded_s}  # fmt: skip
+
+
+STEPS = {"report": report, "table": table, "predict": predict, "ui": ui}
+
+
+def done(out: Path, trials: int) -> set[str]:
+    if not out.exists():
+        return set()
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return {r["command"] for r in rows if r["trials"] == trials and "error" not in r}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=1000)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/after-search"))
+    parser.add_argument("--out", type=Path, default=RESULTS / "after_search.jsonl")
+    parser.add_argument("--only", default=",".join(COMMANDS), help="commands, comma-separated")
+    args = parser.parse_args(argv)
+    work = args.work / str(args.trials)
+    finished = done(args.out, args.trials)
+    wanted = [c for c in args.only.split(",") if c not in finished]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    for command in wanted:
+        if command == "tune" and searched(work):
+            continue
+        if command != "tune" and not searched(work):
+            row = {"command": "tune", **tune(args.trials, work)}
+            _append(args.out, args.trials, commit, row)
+        try:
+            row = {"command": command, **(tune(args.trials, work) if command == "tune"
+                                          else STEPS[command](work))}  # fmt: skip
+        except Exception as exc:  # noqa: BLE001  (a failing step is recorded, the rest go on)
+            row = {"command": command, "error": str(exc)[:500]}
+        _append(args.out, args.trials, commit, row)
+
+
+def _append(out: Path, trials: int, commit: str, row: dict[str, Any]) -> None:
+    row = {"trials": trials, "commit": commit, "date": time.strftime("%Y-%m-%d"), **row}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("a") as stream:
+        stream.write(json.dumps(row) + "\n")
+    print(json.dumps(row), flush=True)
+
+
+if __name__ == "__main__":
+    main()
