@@ -41,8 +41,12 @@ from benchmarks.platform_overhead import TINY, VALUES, replay_table
 RAYPEFT = str(Path(sys.executable).with_name("raypeft"))
 NAME = "after-search"
 COMMANDS = ("tune", "report", "table", "predict", "ui")
-ENV = {"RAY_USAGE_STATS_ENABLED": "0", "MLFLOW_DISABLE_TELEMETRY": "true",
-       "HF_HUB_OFFLINE": "1", "RAY_AUTH_MODE": "disabled"}  # fmt: skip
+ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "HF_HUB_OFFLINE": "1",
+    "RAY_AUTH_MODE": "disabled",
+}
 
 
 def experiment(trials: int, work: Path) -> dict[str, Any]:
@@ -51,8 +55,12 @@ def experiment(trials: int, work: Path) -> dict[str, Any]:
         "name": NAME,
         **TINY,
         "space": {k: {"choice": VALUES} for k in ("method.lr_prompt", "method.lr_lowrank")},
-        "search": {"num_samples": trials, "sampler": "random", "max_concurrent": 8,
-                   "scheduler": {"type": "none"}},  # fmt: skip
+        "search": {
+            "num_samples": trials,
+            "sampler": "random",
+            "max_concurrent": 8,
+            "scheduler": {"type": "none"},
+        },
         "resources": {"trial_runner": "replay"},
         "replay": {"table": str(work / "table.json"), "time_scale": 0},
         "run": {"storage_path": str(work / "ray_results")},
@@ -62,8 +70,14 @@ def experiment(trials: int, work: Path) -> dict[str, Any]:
 def run(args: list[str], work: Path, timeout: float = 3600) -> float:
     """``raypeft ARGS`` in ``work``, to success; its wall seconds."""
     start = time.perf_counter()
-    proc = subprocess.run([RAYPEFT, *args], cwd=work, env={**os.environ, **ENV},
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    proc = subprocess.run(
+        [RAYPEFT, *args],
+        cwd=work,
+        env={**os.environ, **ENV},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"raypeft {args[0]} exited {proc.returncode}: " + " | ".join(tail))
@@ -126,15 +140,24 @@ def ui(work: Path) -> dict[str, Any]:
     trial = trial_runs(client, exp_id, parent.info.run_id)[0]
     port = _free_port()
     start = time.perf_counter()
-    proc = subprocess.Popen([RAYPEFT, "ui", NAME, "--port", str(port)], cwd=work,
-                            env={**os.environ, **ENV}, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [RAYPEFT, "ui", NAME, "--port", str(port)],
+        cwd=work,
+        env={**os.environ, **ENV},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
     try:
         url = next(ln.split(": ", 1)[1].strip() for ln in proc.stdout if ln.startswith("MLflow UI"))
         served_s = time.perf_counter() - start
         with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=shutil.which("chromium"), headless=True,
-                                         args=["--no-sandbox", "--disable-gpu"])  # fmt: skip
+            browser = pw.chromium.launch(
+                executable_path=shutil.which("chromium"),
+                headless=True,
+                args=["--no-sandbox", "--disable-gpu"],
+            )
             page = browser.new_page(viewport={"width": 2400, "height": 1100})
             start = time.perf_counter()
             page.goto(url)
@@ -150,8 +173,12 @@ def ui(work: Path) -> dict[str, Any]:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=60)
-    return {"wall_s": served_s + expanded_s, "served_s": served_s, "parent_row_s": parent_s,
-            "first_trial_s": expanded_s}  # fmt: skip
+    return {
+        "wall_s": served_s + expanded_s,
+        "served_s": served_s,
+        "parent_row_s": parent_s,
+        "first_trial_s": expanded_s,
+    }
 
 
 STEPS = {"report": report, "table": table, "predict": predict, "ui": ui}
@@ -174,8 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     work = args.work / str(args.trials)
     finished = done(args.out, args.trials)
     wanted = [c for c in args.only.split(",") if c not in finished]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
     for command in wanted:
         if command == "tune" and searched(work):
             continue
@@ -183,8 +211,10 @@ def main(argv: list[str] | None = None) -> None:
             row = {"command": "tune", **tune(args.trials, work)}
             _append(args.out, args.trials, commit, row)
         try:
-            row = {"command": command, **(tune(args.trials, work) if command == "tune"
-                                          else STEPS[command](work))}  # fmt: skip
+            row = {
+                "command": command,
+                **(tune(args.trials, work) if command == "tune" else STEPS[command](work)),
+            }
         except Exception as exc:  # noqa: BLE001  (a failing step is recorded, the rest go on)
             row = {"command": command, "error": str(exc)[:500]}
         _append(args.out, args.trials, commit, row)
