@@ -58,6 +58,7 @@ def experiment(trials: int, work: Path) -> dict[str, Any]:
         "search": {
             "num_samples": trials,
             "sampler": "random",
+            "answer_repeats": False,  # every trial runs (100 configurations, 1,000 trials)
             "max_concurrent": 8,
             "scheduler": {"type": "none"},
         },

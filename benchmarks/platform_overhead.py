@@ -80,7 +80,8 @@ def bare_tune(cell: dict[str, Any], work: Path) -> dict[str, Any]:
 
     def trainable(config: dict) -> None:
         for step in STEPS:
-            tune.report({"val_accuracy": config["a"] * config["b"], "step": step})
+            value = config["a"] * config["b"]
+            tune.report({"val_accuracy": value, "step": step, "ended_at": time.time()})
 
     search = None
     space = {"a": tune.choice(VALUES), "b": tune.choice(VALUES)}
@@ -104,7 +105,20 @@ def bare_tune(cell: dict[str, Any], work: Path) -> dict[str, Any]:
     )
     start = time.perf_counter()
     results = tuner.fit()
-    return {"fit_s": time.perf_counter() - start, "trials": len(results)}
+    fit_s = time.perf_counter() - start
+    ends = [r.metrics["ended_at"] for r in results if r.metrics]
+    return {"fit_s": fit_s, "trials": len(results), "pace_ms": pace(ends)}
+
+
+def pace(ends: list[float]) -> list[float]:
+    """Within one search, the ms per trial over its second tenth of trial ends and over its
+    last tenth: a platform whose cost grows with the trials already run ends its last trials
+    more slowly. Start and end costs fall outside both."""
+    ends, n = sorted(ends), len(ends)
+    if n < 10:
+        return []
+    spans = [(n // 10, 2 * n // 10), (9 * n // 10, n - 1)]
+    return [1000 * (ends[b] - ends[a]) / (b - a) for a, b in spans]
 
 
 def replay_table(path: Path, experiment: dict[str, Any]) -> None:
@@ -156,7 +170,23 @@ def raypeft_search(cell: dict[str, Any], work: Path) -> dict[str, Any]:
         "phase_s": summary.phase_s,
         "wall_s": summary.wall_s,
         "trials": summary.num_trials,
+        "pace_ms": pace(trial_ends(cell["mlflow_url"])),
     }
+
+
+def trial_ends(mlflow_url: str) -> list[float]:
+    """When each trial's MLflow run ended (seconds), read back through MLflow's client."""
+    from mlflow.tracking import MlflowClient
+
+    from raypeft.tracking.runs import ROLE_TAG, ROLE_TRIAL
+
+    client = MlflowClient(tracking_uri=mlflow_url)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()],
+        filter_string=f"tags.`{ROLE_TAG}` = '{ROLE_TRIAL}'",
+        max_results=50_000,
+    )
+    return [r.info.end_time / 1000 for r in runs if r.info.end_time]
 
 
 def store_rows(url: str) -> dict[str, int]:
@@ -311,6 +341,21 @@ def growth(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def paces(rows: list[dict[str, Any]]) -> list[str]:
+    """Per cell of at least 100 trials: :func:`pace`'s two figures and their change (issue
+    41's goal, "no growth with the number of trials already run", read inside one search)."""
+    lines = []
+    for r in sorted(rows, key=cell_key):
+        if r.get("pace_ms") and r["size"] >= 100:
+            first, last = r["pace_ms"]
+            where = f"{r['store']} C={r['concurrency']} n={r['size']} {r['layer']}"
+            lines.append(
+                f"{where}: ms per trial, 2nd tenth {first:.1f}, last tenth {last:.1f} "
+                f"({last / first - 1:+.0%})"
+            )
+    return lines
+
+
 def ratios(rows: list[dict[str, Any]]) -> list[str]:
     """Per store and concurrency: raypeft's ms per added trial over the largest interval
     against bare Tune's and Tune + OptunaSearch's (issue 41's goal: <= 2x the latter)."""
@@ -351,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     run_grid(args)
     rows = [json.loads(ln) for ln in Path(args.out).read_text().splitlines() if ln.strip()]
-    print("\n".join(growth(rows) + ratios(rows)))
+    print("\n".join(growth(rows) + paces(rows) + ratios(rows)))
 
 
 if __name__ == "__main__":

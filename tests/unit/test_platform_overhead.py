@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks import platform_overhead
 
 
@@ -46,3 +48,22 @@ def test_growth_is_the_cost_of_each_added_trial():
     assert theirs.endswith("10->100: 55.5, 100->1000: 105.0; last against first +89%"), theirs
     (ratio,) = platform_overhead.ratios(rows)
     assert ratio == "sqlite C=2 raypeft per added trial: 0.48x tune"
+
+
+def test_pace_reads_growth_inside_one_search():
+    """Trials ending every 50 ms are flat whatever the search's start cost; trials each taking
+    0.1 ms longer than the one before show the growth in the last tenth."""
+    flat = [30.0 + 0.05 * i for i in range(1000)]
+    grows = [0.05 * i + 0.0001 * i * i / 2 for i in range(1000)]
+    assert platform_overhead.pace(flat) == pytest.approx([50.0, 50.0])
+    first, last = platform_overhead.pace(grows)
+    assert first == pytest.approx(65.0, rel=0.01) and last == pytest.approx(145.0, rel=0.01)
+    rows = [
+        {"store": "sqlite", "concurrency": 8, "layer": "raypeft", "size": 1000,
+         "pace_ms": platform_overhead.pace(grows)},
+        {"store": "sqlite", "concurrency": 8, "layer": "tune", "size": 10, "pace_ms": [1, 2]},
+    ]  # fmt: skip
+    (line,) = platform_overhead.paces(rows)
+    assert line.startswith("sqlite C=8 n=1000 raypeft: ms per trial, 2nd tenth 65.")
+    assert line.endswith("(+123%)"), line
+    assert platform_overhead.pace(flat[:9]) == []  # too few ends for tenths
