@@ -115,7 +115,7 @@ def pace(ends: list[float]) -> list[float]:
     last tenth: a platform whose cost grows with the trials already run ends its last trials
     more slowly. Start and end costs fall outside both."""
     ends, n = sorted(ends), len(ends)
-    if n < 10:
+    if n < 20:  # too few ends for two spans of a tenth
         return []
     spans = [(n // 10, 2 * n // 10), (9 * n // 10, n - 1)]
     return [1000 * (ends[b] - ends[a]) / (b - a) for a, b in spans]

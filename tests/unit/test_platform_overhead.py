@@ -66,4 +66,4 @@ def test_pace_reads_growth_inside_one_search():
     (line,) = platform_overhead.paces(rows)
     assert line.startswith("sqlite C=8 n=1000 raypeft: ms per trial, 2nd tenth 65.")
     assert line.endswith("(+123%)"), line
-    assert platform_overhead.pace(flat[:9]) == []  # too few ends for tenths
+    assert platform_overhead.pace(flat[:19]) == []  # too few ends for two tenths
