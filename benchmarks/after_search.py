@@ -205,17 +205,12 @@ def main(argv: list[str] | None = None) -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
-    for command in wanted:
-        if command == "tune" and searched(work):
-            continue
-        if command != "tune" and not searched(work):
-            row = {"command": "tune", **tune(args.trials, work)}
-            _append(args.out, args.trials, commit, row)
+    steps = [c for c in wanted if c != "tune"]
+    if wanted and not searched(work):  # every command reads the search's store
+        _append(args.out, args.trials, commit, {"command": "tune", **tune(args.trials, work)})
+    for command in steps:
         try:
-            row = {
-                "command": command,
-                **(tune(args.trials, work) if command == "tune" else STEPS[command](work)),
-            }
+            row = {"command": command, **STEPS[command](work)}
         except Exception as exc:  # noqa: BLE001  (a failing step is recorded, the rest go on)
             row = {"command": command, "error": str(exc)[:500]}
         _append(args.out, args.trials, commit, row)

@@ -38,6 +38,7 @@ from typing import Any
 from benchmarks.common.paths import REPO, RESULTS
 
 LAYERS = ("tune", "tune_optuna", "raypeft")
+NAME = "overhead"  # the raypeft layer's experiment
 STEPS = [4, 8, 12]  # three evaluations per trial (the tiny search's train.max_steps 12)
 VALUES = [round(0.1 * i, 1) for i in range(1, 11)]  # ten values per searched key
 TINY = {
@@ -145,7 +146,7 @@ def raypeft_search(cell: dict[str, Any], work: Path) -> dict[str, Any]:
     from raypeft.search.run import run_experiment
 
     data = {
-        "name": "overhead",
+        "name": NAME,
         **TINY,
         "space": {k: {"choice": VALUES} for k in ("method.lr_prompt", "method.lr_lowrank")},
         "search": {
@@ -178,14 +179,12 @@ def trial_ends(mlflow_url: str) -> list[float]:
     """When each trial's MLflow run ended (seconds), read back through MLflow's client."""
     from mlflow.tracking import MlflowClient
 
-    from raypeft.tracking.runs import ROLE_TAG, ROLE_TRIAL
+    from raypeft.tracking.runs import parent_runs, trial_runs
 
     client = MlflowClient(tracking_uri=mlflow_url)
-    runs = client.search_runs(
-        [e.experiment_id for e in client.search_experiments()],
-        filter_string=f"tags.`{ROLE_TAG}` = '{ROLE_TRIAL}'",
-        max_results=50_000,
-    )
+    experiment_id = client.get_experiment_by_name(NAME).experiment_id
+    (parent,) = parent_runs(client, experiment_id)
+    runs = trial_runs(client, experiment_id, parent.info.run_id)
     return [r.info.end_time / 1000 for r in runs if r.info.end_time]
 
 
