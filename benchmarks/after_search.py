@@ -26,7 +26,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import yaml
 
 from benchmarks.common.paths import REPO, RESULTS
 from benchmarks.platform_overhead import TINY, VALUES, replay_table
+from tests.servers import free_port  # why: the helper the real servers of the tests use
 
 RAYPEFT = str(Path(sys.executable).with_name("raypeft"))
 NAME = "after-search"
@@ -121,12 +121,6 @@ def predict(work: Path) -> dict[str, Any]:
     return {"wall_s": seconds, "texts": len(texts)}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def ui(work: Path) -> dict[str, Any]:
     """``raypeft ui``: seconds to its URL, then to the runs page showing the parent run and,
     expanded, a trial, in headless Chromium (the system's, driven by Playwright)."""
@@ -139,7 +133,7 @@ def ui(work: Path) -> dict[str, Any]:
     exp_id = client.get_experiment_by_name(NAME).experiment_id
     (parent,) = parent_runs(client, exp_id)
     trial = trial_runs(client, exp_id, parent.info.run_id)[0]
-    port = _free_port()
+    port = free_port("127.0.0.1")
     start = time.perf_counter()
     proc = subprocess.Popen(
         [RAYPEFT, "ui", NAME, "--port", str(port)],
