@@ -22,9 +22,14 @@ class PeakMemory:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.device = device
         self.process = psutil.Process(os.getpid())
         self.peak = 0
         if self.cuda:
+            # the meter starts before the model moves to the GPU, and CUDA's allocator
+            # statistics exist only once CUDA is initialised: resetting them in a fresh trial
+            # process fails with "Invalid device argument" (seen on an H200, 2026-11-28)
+            torch.cuda.init()
             torch.cuda.reset_peak_memory_stats(device)
         self.sample()
 
@@ -33,7 +38,7 @@ class PeakMemory:
             self.peak = max(self.peak, self.process.memory_info().rss)
 
     def peak_mb(self) -> float:
-        peak = torch.cuda.max_memory_allocated() if self.cuda else self.peak
+        peak = torch.cuda.max_memory_allocated(self.device) if self.cuda else self.peak
         return peak / 2**20
 
 
