@@ -5,7 +5,7 @@
 # GPU run (python -m benchmarks.gpu_run) or the command given after --.
 #
 #   scripts/on-device.sh --steps a                # call 1 (carry .device/call1)
-#   scripts/on-device.sh --steps b,c,d            # call 2 (carry .device/call2)
+#   scripts/on-device.sh --steps b,c              # call 2 (carry .device/call2)
 #   scripts/on-device.sh --cpu                    # here: every step, tiny, on the CPU
 #   scripts/on-device.sh -- raypeft tune search_spaces/dept.yaml   # any command
 #

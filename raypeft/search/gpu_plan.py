@@ -24,6 +24,7 @@ from raypeft.modeling.backbones import backbone_dims, load_config
 from raypeft.modeling.packed import packable
 from raypeft.search.gpu_probe import (
     KS,
+    PROBE_TIMEOUT_S,
     Choice,
     ProbeResult,
     cache_file,
@@ -56,10 +57,12 @@ def plan_resources(
     where: str = "the cluster",
     probe: Callable[..., ProbeResult | str] = run_probe,
     cache: Path | None = None,
+    say: Callable[[str], None] = print,
 ) -> ResourcePlan:
     """Resolve ``use_gpu: auto`` on ``nodes`` (Ray resource mappings of the nodes that will run
     the trials; ``where`` names them). ``probe`` runs on the connected Ray when no cached
-    probe (``cache``, default :func:`~raypeft.search.gpu_probe.cache_file`) answers."""
+    probe (``cache``, default :func:`~raypeft.search.gpu_probe.cache_file`) answers; ``say``
+    tells the user it runs, and each of its measurements."""
     res = cfg.resources
     if not res.gpu_auto:
         return ResourcePlan(cfg, None)
@@ -77,7 +80,7 @@ def plan_resources(
         amount = res.gpus_per_worker or (1.0 if res.trials_per_worker > 1 else 0.0)
         chosen = resolved(cfg, use_gpu=True, gpus_per_worker=amount)
         return ResourcePlan(chosen, f"resources: use_gpu auto → {seen}; {sharing(chosen)} as set")
-    choice, source = decide_sharing(cfg, nodes, probe, cache)
+    choice, source = decide_sharing(cfg, nodes, probe, cache, say)
     chosen = apply_choice(cfg, choice)
     return ResourcePlan(
         chosen, f"resources: use_gpu auto → {seen}; {sharing(chosen)} ({source}: {choice.why})"
@@ -85,7 +88,11 @@ def plan_resources(
 
 
 def decide_sharing(
-    cfg: ExperimentConfig, nodes: list[dict[str, float]], probe, cache: Path | None
+    cfg: ExperimentConfig,
+    nodes: list[dict[str, float]],
+    probe,
+    cache: Path | None,
+    say: Callable[[str], None],
 ) -> tuple[Choice, str]:
     """The sharing of one GPU and where it comes from: the cached probe of this backbone,
     method, shape and GPU type, a probe run now (then cached), or the recorded rule."""
@@ -98,7 +105,14 @@ def decide_sharing(
     hit = cached(key, path)
     if hit is not None:
         return choose(hit.measured, hit.total_mib), f"probe on {hit.gpu_name}, cached in {path}"
-    result = probe(cfg, [k for k in KS if k <= k_max], packs)
+    ks = [k for k in KS if k <= k_max]
+    trials = ", ".join(map(str, ks))
+    packed = f", then packs of {', '.join(map(str, ks[1:]))}" if packs and len(ks) > 1 else ""
+    say(
+        f"resources: use_gpu auto → probing the {accelerator_type(nodes)}: {trials} trials "
+        f"sharing it{packed} (at most {PROBE_TIMEOUT_S:.0f} s; once: cached in {path})"
+    )
+    result = probe(cfg, ks, packs, say=say)
     if isinstance(result, ProbeResult):
         remember(key, result, path)
         return choose(result.measured, result.total_mib), f"probe on {result.gpu_name}"

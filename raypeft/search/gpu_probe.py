@@ -19,6 +19,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -62,6 +63,14 @@ class Measured:
     samples_per_s: float | None = None
     peak_mib: float | None = None  # each process's most allocated (a pack: its one process)
     error: str | None = None
+
+    def describe(self) -> str:
+        """One line: what was measured and how fast (or why not)."""
+        what = f"{self.k} sharing the GPU" if self.mode == "share" else f"a pack of {self.k}"
+        if self.error:
+            return f"{what}: {self.error}"
+        peak = f", peak {self.peak_mib:,.0f} MiB each" if self.peak_mib is not None else ""
+        return f"{what}: {self.samples_per_s:,.0f} samples/s{peak}"
 
     def footprint_mib(self) -> float | None:
         """What it holds of the GPU: each process's peak and CUDA context, times K shares."""
@@ -261,27 +270,39 @@ def _share(base: dict, k: int, deadline: float) -> Measured | None:
     return Measured("share", k, sum(r["samples"] for r in got) / span, peak)
 
 
-def run_probe(cfg: ExperimentConfig, ks: list[int], packs: bool) -> ProbeResult | str:
+def run_probe(
+    cfg: ExperimentConfig, ks: list[int], packs: bool, say: Callable[[str], None] = print
+) -> ProbeResult | str:
     """Probe ``cfg`` on a GPU of the connected cluster: K trials sharing it for each of
-    ``ks``, and packs of K > 1 where ``packs``. Returns the measurements, or why none could be
-    made (torch sees no GPU where Ray declares one; the first step ran out of memory)."""
+    ``ks``, and packs of K > 1 where ``packs``; each measurement is said as it ends (a probe
+    takes a minute or two before the first trial starts). Returns the measurements, or why
+    none could be made (torch sees no GPU where Ray declares one; the first step ran out of
+    memory)."""
     base = cfg.model_dump(mode="json")
-    deadline = time.monotonic() + PROBE_TIMEOUT_S
+    started = time.monotonic()
+    deadline = started + PROBE_TIMEOUT_S
+
+    def measured_now(m: Measured | None) -> Measured | None:
+        if m is not None:
+            say(f"  GPU probe: {m.describe()} ({time.monotonic() - started:.0f} s)")
+        return m
+
     facts = _gather([_alone.options(num_gpus=1).remote(base, [])], deadline)
     if isinstance(facts, str) or facts[0] is None:
         return facts if isinstance(facts, str) else "torch sees no CUDA GPU where Ray declares one"
     first = facts[0]
     speed = first["samples"] / (first["end"] - first["start"])
-    measured = [Measured("share", 1, speed, first["peak_mib"])]
+    measured = [measured_now(Measured("share", 1, speed, first["peak_mib"]))]
     for k in ks[1:]:
-        measured.append(_share(base, k, deadline))
+        measured.append(measured_now(_share(base, k, deadline)))
         if measured[-1] is None or measured[-1].error:
             break
     for k in [k for k in ks if k > 1] if packs else []:
         got = _gather([_pack.remote(base, k)], deadline)
         if isinstance(got, str):
-            measured.append(Measured("pack", k, error=got))
+            measured.append(measured_now(Measured("pack", k, error=got)))
             break
         r = got[0]
-        measured.append(Measured("pack", k, r["samples"] / (r["end"] - r["start"]), r["peak_mib"]))
+        speed = r["samples"] / (r["end"] - r["start"])
+        measured.append(measured_now(Measured("pack", k, speed, r["peak_mib"])))
     return ProbeResult(first["gpu_name"], first["total_mib"], [m for m in measured if m])

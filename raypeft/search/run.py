@@ -294,7 +294,7 @@ def _resolve_resources(cfg: ExperimentConfig, uri: str, opts: SearchOptions) -> 
                  f"{sharing(recorded) if recorded.resources.gpus else 'the CPU'}")  # fmt: skip
         return recorded
     nodes, where = _planning_nodes(opts)
-    plan = plan_resources(cfg, nodes, where=where)
+    plan = plan_resources(cfg, nodes, where=where, say=opts.say)
     opts.say(plan.line)
     if not opts.address:  # a cluster is checked once joined (_join_cluster)
         check_fits(plan.cfg, nodes, where)

@@ -107,7 +107,7 @@ GPU_NODE = [{"CPU": 16.0, "GPU": 1.0, "accelerator_type:H100": 1.0}]
 CPU_NODES = [{"CPU": 8.0}, {"CPU": 8.0, "GPU": 0.0}]
 
 
-def _never(*_):
+def _never(*_, **__):
     raise AssertionError("no probe was expected")
 
 
@@ -127,25 +127,38 @@ def test_a_probe_decides_and_is_cached(tmp_path):
     cfg = load_experiment(DEPT)
     calls = []
 
-    def probe(config, ks, packs):
+    def probe(config, ks, packs, say):
         calls.append((ks, packs))
-        return ProbeResult("NVIDIA H100 80GB HBM3", H100, [share(k, 1000 * k**0.5) for k in ks])
+        measured = [share(k, 1000 * k**0.5) for k in ks]
+        say(f"  GPU probe: {measured[-1].describe()}")
+        return ProbeResult("NVIDIA H100 80GB HBM3", H100, measured)
 
-    cache = tmp_path / "gpu_probe.json"
-    plan = plan_resources(cfg, GPU_NODE, where="this machine", probe=probe, cache=cache)
+    cache, lines = tmp_path / "gpu_probe.json", []
+    plan = plan_resources(
+        cfg, GPU_NODE, where="this machine", probe=probe, cache=cache, say=lines.append
+    )
     assert calls == [([1, 2, 4, 8], True)]  # DePT packs on MiniLM: packs probed too
+    # a probe takes minutes before the first trial: the user is told it runs, and what it finds
+    assert lines == [
+        "resources: use_gpu auto → probing the H100: 1, 2, 4, 8 trials sharing it, then packs "
+        f"of 2, 4, 8 (at most 300 s; once: cached in {cache})",
+        "  GPU probe: 8 sharing the GPU: 2,828 samples/s, peak 400 MiB each",
+    ]
     assert trial_request(plan.cfg) == {"CPU": 1.0, "GPU": 0.125}
     assert plan.cfg.resources.use_gpu is True and plan.cfg.resources.gpus == 0.125
     assert "1 GPU seen by Ray on this machine; 8 trials per GPU" in plan.line
     assert "probe on NVIDIA H100 80GB HBM3" in plan.line
-    again = plan_resources(cfg, GPU_NODE, where="this machine", probe=_never, cache=cache)
+    again = plan_resources(
+        cfg, GPU_NODE, where="this machine", probe=_never, cache=cache, say=lines.append
+    )
+    assert len(lines) == 2  # a cached probe runs nothing and says so in the plan's line
     assert again.cfg == plan.cfg and f"cached in {cache}" in again.line
 
 
 def test_a_failed_probe_falls_back_to_the_rule(tmp_path):
     cfg = load_experiment(DEPT)
     node = [{"CPU": 4.0, "GPU": 1.0}]  # 4 CPUs beside the GPU: at most 4 trials of 1 CPU
-    plan = plan_resources(cfg, node, probe=lambda *_: "no CUDA", cache=tmp_path / "c.json")
+    plan = plan_resources(cfg, node, probe=lambda *_, **__: "no CUDA", cache=tmp_path / "c.json")
     assert plan.cfg.resources.gpus == 0.25
     assert "no probe: no CUDA: rule from the H200" in plan.line
     assert not (tmp_path / "c.json").exists()  # nothing measured, nothing cached
