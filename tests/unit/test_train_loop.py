@@ -521,3 +521,19 @@ def test_learning_rate_schedule(task, schedule):
             np.testing.assert_allclose(got[:6], rate * np.arange(6) / 5)
             assert np.all(np.diff(got[5:]) < 0)
             assert got[-1] == pytest.approx(rate / 45)
+
+
+def test_a_gpu_trials_memory_meter_initialises_cuda_before_resetting_its_peak(monkeypatch):
+    """CUDA's allocator statistics exist only once CUDA is initialised, and
+    ``reset_peak_memory_stats`` does not initialise it: a fresh trial process whose meter
+    started before its model moved to the GPU failed "Invalid device argument" on an H200
+    (2026-11-28). No CUDA here, so the order of the calls is what is checked."""
+    from raypeft.training.efficiency import PeakMemory
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "init", lambda: calls.append("init"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d: calls.append(("reset", d)))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d: 3 * 2**20)
+    meter = PeakMemory(torch.device("cuda:0"))
+    assert calls == ["init", ("reset", torch.device("cuda:0"))]
+    assert meter.peak_mb() == 3.0  # the trial's own device's peak, not the current device's
