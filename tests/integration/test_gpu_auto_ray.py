@@ -60,11 +60,14 @@ def test_a_declared_gpu_gets_the_trials(tmp_path, cache_dir):
         resolved, lines = _resolve(cfg, uri)
         assert trial_request(resolved) == {"CPU": 1.0, "GPU": 0.125}
         assert resolved.resources.use_gpu is True
-        assert lines[0].startswith("resources: use_gpu auto → 1 GPU seen by Ray on this machine")
-        assert "8 trials per GPU (gpus_per_worker: 0.125)" in lines[0]
+        # the probe is announced (it takes minutes on a real GPU), then what was decided
+        assert lines[0].startswith("resources: use_gpu auto → probing the H100: 1, 2, 4, 8 trials")
+        assert len(lines) == 2  # no measurement: none to report
+        assert lines[1].startswith("resources: use_gpu auto → 1 GPU seen by Ray on this machine")
+        assert "8 trials per GPU (gpus_per_worker: 0.125)" in lines[1]
         assert (
             "no probe: torch sees no CUDA GPU where Ray declares one: rule from the H200"
-            in (lines[0])
+            in (lines[1])
         )
         assert not (cache_dir / "gpu_probe.json").exists()
         # a probe cached for this backbone, method, shape and GPU type decides, unprobed
@@ -76,6 +79,7 @@ def test_a_declared_gpu_gets_the_trials(tmp_path, cache_dir):
         resolved, lines = _resolve(cfg, uri)
         assert trial_request(resolved) == {"CPU": 0.25, "GPU": 0.25}  # packs of 4 on one GPU
         assert resolved.resources.trials_per_worker == 4
+        assert len(lines) == 1  # cached: nothing probed, nothing announced
         assert "packs of 4 trials per GPU (trials_per_worker: 4)" in lines[0]
         assert "probe on NVIDIA H100 80GB HBM3, cached in" in lines[0]
     finally:
