@@ -60,13 +60,23 @@ class ProgressPrinter(Callback):
         self.echo = echo
         self._last = time.monotonic()
         self._start = time.monotonic()
-        self._done = 0
+        self._done: int | None = None  # trials ended, counted from the first step (a resume's)
         self._ended: set[str] = set()  # trials Tune completed (not left unfinished by a pause)
         self._restarts_told: set[str] = set()  # trials whose start over has been said
         # trials seen unfinished by this search (not ended in an earlier one it resumes)
         self._seen_unfinished: set[str] = set()
 
     # ------------------------------------------------------------------ Tune hooks
+
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info):
+        """At the first step: the trials a resumed search had ended already count, so its
+        first trial end says [53/240] after 52, not [1/240]."""
+        if self._done is None:
+            self._done = sum(t.status in (Trial.TERMINATED, Trial.ERROR) for t in trials)
+
+    def _count_end(self) -> int:
+        self._done = (self._done or 0) + 1
+        return self._done
 
     def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial, result, **info):
         """A restarted trial that could not resume from its checkpoint: said once, why."""
@@ -76,21 +86,21 @@ class ProgressPrinter(Callback):
             self.echo(f"{trial}: {result[RESTARTED_KEY]}")
 
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
-        self._done += 1
+        done = self._count_end()
         self._ended.add(trial.trial_id)
         result = trial.last_result or {}
         step = result.get("step", 0)
         best = result.get(self.metric_key)
         how = "finished" if ran_to_end(result) else f"stopped early at step {step}"
         if FAILURE_KEY in result:
-            self.echo(f"[{self._done}/{self.num_samples}] {trial} FAILED: {result[FAILURE_KEY]}")
+            self.echo(f"[{done}/{self.num_samples}] {trial} FAILED: {result[FAILURE_KEY]}")
             return
         score = f"{self.metric_key} {_fmt(best)}" if best is not None else "no result"
-        self.echo(f"[{self._done}/{self.num_samples}] {trial} {how}: {score}")
+        self.echo(f"[{done}/{self.num_samples}] {trial} {how}: {score}")
 
     def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial, **info):
-        self._done += 1
-        self.echo(f"[{self._done}/{self.num_samples}] {trial} FAILED (see its MLflow run)")
+        done = self._count_end()
+        self.echo(f"[{done}/{self.num_samples}] {trial} FAILED (see its MLflow run)")
 
     def on_step_end(self, iteration: int, trials: list[Trial], **info):
         if time.monotonic() - self._last >= self.interval:

@@ -96,3 +96,28 @@ def test_a_resumed_search_shows_the_earlier_searchs_trials_as_they_ended():
     live.set_status(Trial.TERMINATED)  # paused again before it completed
     rows = {row.split()[0]: row.split()[1] for row in shown.table([earlier, live]).splitlines()[2:]}
     assert rows == {str(earlier): "finished", str(live): "interrupted"}
+
+
+def test_a_resumed_search_counts_the_trials_its_first_run_ended():
+    """The trials a paused search ended are restored as Tune ended them; the resumed search's
+    first trial end is numbered after them ([3/6] after 2), not [1/6]."""
+    lines = []
+    progress = ProgressPrinter(["method.lr"], METRIC, "max", num_samples=6, echo=lines.append)
+    ended = [tune_trial(Trial.TERMINATED, 0.1, evals(0.5)), tune_trial(Trial.ERROR, 0.2, [])]
+    resumed = tune_trial(Trial.PENDING, 0.3, evals(0.6))
+    progress.on_step_begin(0, [*ended, resumed])
+    resumed.set_status(Trial.RUNNING)
+    resumed.update_last_result({**evals(0.6, 0.7)[-1], "training_iteration": 2, "done": True})
+    resumed.set_status(Trial.TERMINATED)
+    progress.on_step_begin(1, [*ended, resumed])  # later steps change nothing
+    progress.on_trial_complete(1, [*ended, resumed], resumed)
+    assert lines == [f"[3/6] {resumed} stopped early at step 20: {METRIC} 0.7"]
+
+
+def test_a_new_search_counts_from_one():
+    lines = []
+    progress = ProgressPrinter(["method.lr"], METRIC, "max", num_samples=6, echo=lines.append)
+    progress.on_step_begin(0, [])
+    trial = tune_trial(Trial.TERMINATED, 0.1, evals(0.5))
+    progress.on_trial_error(1, [trial], trial)
+    assert lines == [f"[1/6] {trial} FAILED (see its MLflow run)"]
