@@ -587,7 +587,10 @@ def test_a_ddp_trial_trains_across_both_workers_as_one_node_does(cluster, tmp_pa
     # the same trial on one node here, trained inside its Tune trial (tests/test_ddp.py)
     local = dict(SPACES["ddp.yaml"], resources={})
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(local))
-    one = run_cli(["tune", "--space", str(tmp_path / "one.yaml"), "--quiet"], cwd=tmp_path)
+    results = f"run.storage_path={tmp_path / 'ray_results'}"  # not ~/ray_results
+    one = run_cli(
+        ["tune", "--space", str(tmp_path / "one.yaml"), "--quiet", "--set", results], cwd=tmp_path
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     here = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     _, (reference,) = the_search(here, "cluster-ddp")

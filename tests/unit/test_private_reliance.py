@@ -16,13 +16,17 @@ import pytest
 RAYPEFT = Path(__file__).resolve().parents[2] / "raypeft"
 
 
-def test_a_restored_tuner_takes_this_processes_callbacks():
+def test_a_restored_tuner_takes_this_processes_callbacks(tmp_path):
     """Reason: Ray 2.60's Tuner.restore brings back the callbacks pickled at the search's
     start and takes no new ones; a resumed search sets its own tracker on the restored run
     config (search/tuner.py)."""
     from ray import tune
 
-    tuner = tune.Tuner(lambda config: None, run_config=tune.RunConfig(callbacks=[]))
+    # a storage path of the test's own: a Tuner made its ~/ray_results/lambda_<time> folder
+    results = str(tmp_path / "results")
+    tuner = tune.Tuner(
+        lambda config: None, run_config=tune.RunConfig(callbacks=[], storage_path=results)
+    )
     run_config = tuner._local_tuner.get_run_config()
     assert isinstance(run_config, tune.RunConfig) and run_config.callbacks == []
 
