@@ -69,7 +69,8 @@ class Measured:
         what = f"{self.k} sharing the GPU" if self.mode == "share" else f"a pack of {self.k}"
         if self.error:
             return f"{what}: {self.error}"
-        peak = f", peak {self.peak_mib:,.0f} MiB each" if self.peak_mib is not None else ""
+        each = " each" if self.mode == "share" else ""  # a pack's peak is its one process's
+        peak = f", peak {self.peak_mib:,.0f} MiB{each}" if self.peak_mib is not None else ""
         return f"{what}: {self.samples_per_s:,.0f} samples/s{peak}"
 
     def footprint_mib(self) -> float | None:
