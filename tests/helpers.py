@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -79,6 +80,12 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+# Set (by the integration tests' ``shared_ray`` fixture) to the address of this pytest
+# process's Ray: run_cli's `raypeft tune` then joins it with --address, as a cluster's driver
+# does, instead of starting a Ray of its own.
+SHARED_RAY = "RAYPEFT_TEST_RAY_ADDRESS"
+
+
 def run_cli(
     args: list[str],
     cwd: Path,
@@ -86,17 +93,112 @@ def run_cli(
     stdin: str | None = None,
     env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess:
-    """The ``raypeft`` console script in a subprocess, offline, with ``stdin`` as its input
-    and ``env`` added to :func:`cli_env`."""
+    """``raypeft ARGS`` in a process of its own, offline, with ``stdin`` as its input and
+    ``env`` added to :func:`cli_env`: forked from this pytest process's CLI server
+    (tests/cli_server.py: the libraries already imported) where ``env`` allows, else the
+    console script itself. In a test that uses the ``shared_ray`` fixture, ``tune`` joins
+    this pytest process's Ray (:data:`SHARED_RAY`) unless ``args`` name an address."""
+    full_env = {**cli_env(), **(env or {})}
+    shared_ray = os.environ.get(SHARED_RAY)
+    if shared_ray and args[:1] == ["tune"] and "--address" not in args:
+        args = [*args, "--address", shared_ray]
+    server = _cli_server()
+    if server is not None and server.can_run(full_env):
+        return server.run(args, cwd, full_env, stdin, timeout)
     return subprocess.run(
         [RAYPEFT, *args],
         cwd=cwd,
-        env={**cli_env(), **(env or {})},
+        env=full_env,
         input=stdin,
         capture_output=True,
         text=True,
         timeout=timeout,
     )
+
+
+class _CliServer:
+    """The client of one tests/cli_server.py process (started with :func:`cli_env`)."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.socket = folder / "cli.sock"
+        self.env = cli_env()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.cli_server", str(self.socket)],
+            cwd=Path(__file__).resolve().parents[1],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=open(folder / "server.log", "w"),  # noqa: SIM115 - the server owns it
+            text=True,
+        )
+        self.count = 0
+
+    def ready(self) -> bool:
+        """Whether the server has imported its libraries and listens (waits for it)."""
+        return self.proc.stdout.readline().strip() == "ready"
+
+    def can_run(self, env: dict[str, str]) -> bool:
+        """A fork has the server's imports: only call-time variables may differ."""
+        from tests.cli_server import CALL_TIME
+
+        keys = set(env) | set(self.env)
+        return self.proc.poll() is None and all(
+            env.get(k) == self.env.get(k) for k in keys - CALL_TIME
+        )
+
+    def run(self, args, cwd, env, stdin, timeout) -> subprocess.CompletedProcess:
+        import socket as sockets
+
+        self.count += 1
+        files = {name: self.folder / f"{self.count}.{name}" for name in ("in", "out", "err")}
+        if stdin is not None:
+            files["in"].write_text(stdin)
+        request = {
+            "args": [str(a) for a in args],
+            "cwd": str(cwd),
+            "env": env,
+            "stdin": str(files["in"]) if stdin is not None else None,
+            "stdout": str(files["out"]),
+            "stderr": str(files["err"]),
+        }
+        with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as conn:
+            conn.connect(str(self.socket))
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            answers = conn.makefile("r")
+            pid = json.loads(answers.readline())["pid"]
+            conn.settimeout(timeout)
+            try:
+                returncode = json.loads(answers.readline())["returncode"]
+            except TimeoutError:
+                os.killpg(pid, 9)  # the child's session: it and every process it started
+                raise subprocess.TimeoutExpired([RAYPEFT, *args], timeout) from None
+        out, err = (files[n].read_text(errors="replace") for n in ("out", "err"))
+        for path in files.values():
+            path.unlink(missing_ok=True)
+        return subprocess.CompletedProcess([RAYPEFT, *args], returncode, out, err)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_SERVER: list = []  # this pytest process's CLI server (or None where it could not start)
+
+
+def _cli_server() -> _CliServer | None:
+    """This pytest process's CLI server, started on first use (off with RAYPEFT_TEST_FORK=0)."""
+    if os.environ.get("RAYPEFT_TEST_FORK", "1") == "0":
+        return None
+    if not _SERVER:
+        import atexit
+        import tempfile
+
+        server = _CliServer(Path(tempfile.mkdtemp(prefix="raypeft-cli-server-")))
+        _SERVER.append(server if server.ready() else None)
+        atexit.register(server.stop)
+    return _SERVER[0]
 
 
 def run_driver(script: str, experiment: Path, cwd: Path) -> subprocess.CompletedProcess:

@@ -88,8 +88,9 @@ EXPERIMENT = "cluster-tiny"
 # Trials long enough that both run at once (a short trial ends before the other worker's
 # actor is ready, and Tune hands the pending trial the free actor on the same node).
 PLACED = {"max_steps": 600, "eval_every": 200}
-# As tests/integration/test_ddp.py: no backbone dropout, so one worker and two DDP workers
-# train the same model up to summation order.
+# No backbone dropout: with it, one worker draws masks for the whole batch and two workers
+# each draw theirs for half of it; without, one worker and two DDP workers train the same
+# model up to summation order.
 DDP_TRAIN = {"max_steps": 40, "eval_every": 10, "batch_size": 8, "head_lr": 0.01}
 DDP_TRAIN["backbone_dropout"] = 0
 DDP_METRICS = ("train_loss", "val_loss", "val_accuracy", "val_macro_f1")
@@ -196,11 +197,11 @@ class Cluster:
             time.sleep(3)
         return nodes
 
-    def submit(self, space: str, *tune_args: str, wait: bool = True):
+    def submit(self, space: str, *tune_args: str, wait: bool = True, check: bool = True):
         """A search submitted as a Ray job, naming no store: the cluster's are the defaults."""
         args = ["job", "submit", "--address", DASHBOARD] + ([] if wait else ["--no-wait"])
         args += ["--", "raypeft", "tune", "--space", f"{INSIDE}/raypeft/cluster-test/{space}"]
-        return self.ray(*args, "--address", "auto", "--quiet", *tune_args)
+        return self.ray(*args, "--address", "auto", "--quiet", *tune_args, check=check)
 
 
 def experiment(name: str, train: dict, **sections) -> dict:
@@ -568,6 +569,14 @@ def test_a_search_submitted_as_a_job_places_trials_on_both_workers(cluster):
         state = host.home / "raypeft-state"
         assert not (state / "mlflow.db").exists() and not (state / "mlartifacts").exists()
         assert not list(host.home.rglob("optuna.db"))
+    # catches: a trial no node can place (each worker has 1 CPU) left pending for ever, or
+    # refused only after runs were created: one line naming the key and the cluster, no run
+    refused = cluster.submit("placed.yaml", "--set", "resources.cpus_per_worker=2", check=False)
+    assert refused.returncode != 0, refused.stdout[-3000:]
+    assert re.search(r"resources\.cpus_per_worker.*the cluster at auto", refused.stdout), (
+        refused.stdout[-3000:]
+    )
+    assert len(client.search_runs([parent.info.experiment_id])) == 1 + len(kids)
 
 
 def test_a_ddp_trial_trains_across_both_workers_as_one_node_does(cluster, tmp_path):
@@ -584,7 +593,9 @@ def test_a_ddp_trial_trains_across_both_workers_as_one_node_does(cluster, tmp_pa
     assert len(actors) == 2, actors
     assert {host_of_any(cluster, a["node_id"]) for a in actors} == {"w1", "w2"}
 
-    # the same trial on one node here, trained inside its Tune trial (tests/test_ddp.py)
+    # the same trial on one node here, with one worker trained inside its Tune trial (the
+    # default runner): the same global batches (raypeft.training.sampler.GlobalBatchSampler),
+    # so DDP's averaged gradient is the whole batch's (this is the suite's DDP test)
     local = dict(SPACES["ddp.yaml"], resources={})
     (tmp_path / "one.yaml").write_text(yaml.safe_dump(local))
     results = f"run.storage_path={tmp_path / 'ray_results'}"  # not ~/ray_results
@@ -599,6 +610,9 @@ def test_a_ddp_trial_trains_across_both_workers_as_one_node_does(cluster, tmp_pa
         assert [s for s, _ in a[name]] == [10, 20, 30, 40] == [s for s, _ in b[name]], name
         for (step, x), (_, y) in zip(a[name], b[name], strict=True):
             assert math.isclose(x, y, rel_tol=1e-3, abs_tol=1e-4), (name, step, x, y)
+    # catches: a comparison of two untouched models (the loss moved: both trained)
+    losses = [v for _, v in a["train_loss"]]
+    assert losses[0] != losses[-1]
 
 
 def host_of_any(cluster: Cluster, node_id: str) -> str:

@@ -24,7 +24,7 @@ TRIALS = 4
 # Trials long enough (~20 s here) to outlast the start of the other trials' actors (~10-15 s
 # of imports on 2 busy cores): Tune hands a pending trial the actor of a trial that just
 # ended when its own is still starting, so 12-step trials (~1 s) ran one after another on
-# one actor although Ray had placed all four (see tests/integration/test_multinode.py).
+# one actor although Ray had placed all four.
 MAX_STEPS, EVAL_EVERY = 2400, 800
 
 DRIVER = """

@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.helpers import children, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 
 def write_experiment(tmp_path: Path, name: str, model: str, names: list[str], **extra) -> Path:

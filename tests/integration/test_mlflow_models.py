@@ -28,7 +28,7 @@ from mlflow.tracking import MlflowClient
 
 from raypeft.tracking.runs import parent_runs, trial_runs
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 SERVE_TIMEOUT_S = 180
 TEXTS = [

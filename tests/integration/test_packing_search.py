@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from tests.helpers import parent_and_kids, run_cli, tiny_experiment
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 K = 2
 NOT_COMPARED = ("samples_per_s", "memory", "wall_time", "system/", "pack_")

@@ -18,7 +18,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 
 def run_with_stdin(args: list[str], cwd: Path, stdin: str) -> subprocess.CompletedProcess:

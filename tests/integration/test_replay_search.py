@@ -38,7 +38,7 @@ def _experiment(tmp_path, table_path) -> dict:
     }
 
 
-def test_a_replayed_search_reports_the_table_it_replays(tmp_path):
+def test_a_replayed_search_reports_the_table_it_replays(tmp_path, shared_ray):
     cfg = _experiment(tmp_path, tmp_path / "table.json")
     table = grid_table(tmp_path / "table.json", cfg, GRID, SEEDS, STEPS)
     path = tmp_path / "replay.yaml"

@@ -21,7 +21,7 @@ from tests.helpers import run_cli
 from tests.integration.test_report_cli import copy_store, search_runs
 from tests.integration.test_ui_browser import ARTIFACTS, CHROMIUM_ARGS, _assert_png, chromium
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 __all__ = ["chromium"]  # the fixture, shared with test_ui_browser.py
 
 WIDTHS = (1024, 1920)  # a laptop and a desktop window, pixels

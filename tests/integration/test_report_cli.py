@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.helpers import run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ALWAYS = ("lr_heatmap", "budget_m_r", "learning_curves")

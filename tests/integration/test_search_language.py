@@ -15,7 +15,7 @@ from optuna.trial import TrialState
 
 from tests.helpers import children, run_cli, tiny_experiment
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 
 def _parent(client: MlflowClient, name: str, index: int = 0):

@@ -20,7 +20,7 @@ from raypeft.config.loading import load_experiment
 from raypeft.methods import METHODS
 from tests.helpers import children, run_cli
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 REPO = Path(__file__).resolve().parents[2]
 FILES = sorted((REPO / "search_spaces").rglob("*.yaml"))

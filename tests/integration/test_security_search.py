@@ -27,7 +27,7 @@ from safetensors import safe_open
 from raypeft.config.redact import redact_uri
 from tests.helpers import run_cli, tiny_experiment
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 SAFE_SUFFIXES = {".safetensors", ".yaml", ".yml", ".json", ".png", ".html", ".csv", ".md", ".txt"}
 MLFLOW_YAML_FILES = {"MLmodel", "registered_model_meta"}  # an MLflow model's metadata

@@ -25,9 +25,9 @@ EXPERIMENT = "tiny-rec"
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
+def recorded(tmp_path_factory, _process_ray):
     """A grid of 2 configurations with seeds [0, 1] (4 trials) on tiny BERT, run by
-    ``raypeft tune``."""
+    ``raypeft tune`` on this pytest process's Ray."""
     cwd = tmp_path_factory.mktemp("recorded")
     cfg = {
         "name": EXPERIMENT,
@@ -38,7 +38,7 @@ def recorded(tmp_path_factory):
         "run": {"storage_path": str(cwd / "ray_results")},
     }  # fmt: skip
     (cwd / "rec.yaml").write_text(yaml.safe_dump(cfg))
-    done = run_cli(["tune", "--space", "rec.yaml", "--quiet"], cwd)
+    done = run_cli(["tune", "--space", "rec.yaml", "--quiet", "--address", _process_ray], cwd)
     assert done.returncode == 0, done.stderr[-3000:]
     table = run_cli(["table", EXPERIMENT, "--out", "table.json"], cwd)
     assert table.returncode == 0, table.stderr[-3000:]

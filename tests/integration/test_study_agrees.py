@@ -16,7 +16,7 @@ from raypeft.search.study import CHOSEN_ATTR, TUNE_TRIAL_ATTR
 from raypeft.tracking.tags import BEST_TRIAL_TAG, OPTUNA_SEED_MEANS_TAG
 from tests.helpers import run_cli, tiny_experiment
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 
 def test_study_best_trial_is_the_chosen_one(finished_search):

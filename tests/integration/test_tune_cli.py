@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from tests.helpers import RAYPEFT, children, cli_env, run_cli, tiny_experiment
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
 
 def check_search_logged(tmp_path: Path, expected_trials: int) -> tuple[MlflowClient, object, list]:
