@@ -6,17 +6,24 @@ Test modules import them as ``from tests.helpers import ...`` (pyproject's pytes
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psutil
 import yaml
 from mlflow.tracking import MlflowClient
+
+from tests.cli_server import CALL_TIME
 
 RAYPEFT = str(Path(sys.executable).with_name("raypeft"))  # the console script of this venv
 
@@ -140,16 +147,14 @@ class _CliServer:
 
     def can_run(self, env: dict[str, str]) -> bool:
         """A fork has the server's imports: only call-time variables may differ."""
-        from tests.cli_server import CALL_TIME
-
         keys = set(env) | set(self.env)
         return self.proc.poll() is None and all(
             env.get(k) == self.env.get(k) for k in keys - CALL_TIME
         )
 
     def run(self, args, cwd, env, stdin, timeout) -> subprocess.CompletedProcess:
-        import socket as sockets
-
+        """One command line, as ``subprocess.run(..., capture_output=True, text=True)``
+        answers it; on a timeout, its whole session is killed."""
         self.count += 1
         files = {name: self.folder / f"{self.count}.{name}" for name in ("in", "out", "err")}
         if stdin is not None:
@@ -162,7 +167,7 @@ class _CliServer:
             "stdout": str(files["out"]),
             "stderr": str(files["err"]),
         }
-        with sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM) as conn:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.connect(str(self.socket))
             conn.sendall(json.dumps(request).encode() + b"\n")
             answers = conn.makefile("r")
@@ -171,7 +176,8 @@ class _CliServer:
             try:
                 returncode = json.loads(answers.readline())["returncode"]
             except TimeoutError:
-                os.killpg(pid, 9)  # the child's session: it and every process it started
+                with contextlib.suppress(ProcessLookupError):  # its session, all it started
+                    os.killpg(pid, signal.SIGKILL)
                 raise subprocess.TimeoutExpired([RAYPEFT, *args], timeout) from None
         out, err = (files[n].read_text(errors="replace") for n in ("out", "err"))
         for path in files.values():
@@ -192,9 +198,6 @@ def _cli_server() -> _CliServer | None:
     if os.environ.get("RAYPEFT_TEST_FORK", "1") == "0":
         return None
     if not _SERVER:
-        import atexit
-        import tempfile
-
         server = _CliServer(Path(tempfile.mkdtemp(prefix="raypeft-cli-server-")))
         _SERVER.append(server if server.ready() else None)
         atexit.register(server.stop)
