@@ -141,6 +141,9 @@ def _become(request: dict) -> None:
     random.seed()
     numpy.random.seed()
     sys.argv = ["raypeft", *request["args"]]
+    # the console script's sys.path: its own folder first, not the repository's root (where
+    # `python -m tests.cli_server` started), so nothing of tests/ or benchmarks/ imports
+    sys.path[0] = os.path.dirname(sys.executable)
 
 
 def main() -> None:

@@ -17,8 +17,10 @@ and MLflow's artefacts, both on 127.0.0.1. The cluster learns of them the docume
 The cluster file is cluster/local.yaml with these addresses, user and key, the CPU torch
 build, and CPU counts that make the workers the only place trials fit (head 0, workers 1
 each); every node command is the shipped one. The hosts' pip installs from a folder of
-wheels made once from this venv's packages (the shared wheel cache: three installs, no
-download). Teardown ends each host (its namespace's init ends every process in it) and
+wheels made once from this venv's packages (the shared wheel cache, no download). `ray up`
+installs the head in full; the workers' hosts come with the venv baked in, as a team's
+machine image holds it (node.sh's setup run on w1 before `ray up`, hard-linked to w2 and,
+later, to the new head), and their setup finds it up to date. Teardown ends each host (its namespace's init ends every process in it) and
 the servers, by process id.
 
 What each assertion catches is said beside it.
@@ -95,6 +97,7 @@ DDP_TRAIN = {"max_steps": 40, "eval_every": 10, "batch_size": 8, "head_lr": 0.01
 DDP_TRAIN["backbone_dropout"] = 0
 DDP_METRICS = ("train_loss", "val_loss", "val_accuracy", "val_macro_f1")
 LOST = {"max_steps": 3000, "eval_every": 100}  # a trial that outlives a killed node
+UP_TO_DATE = "node.sh setup: ~/venv is up to date"  # what node.sh's setup says of a baked venv
 
 
 def run(args, timeout=600, check=True, **kwargs) -> subprocess.CompletedProcess:
@@ -178,8 +181,16 @@ class Cluster:
         self.timings.setdefault(" ".join(args[:1]), []).append(round(time.monotonic() - started))
         return proc
 
-    def up(self) -> None:
-        self.ray("up", "-y", "--no-config-cache", self.config)
+    def up(self) -> str:
+        """`ray up`; what it printed (the head's setup among it)."""
+        proc = self.ray("up", "-y", "--no-config-cache", self.config)
+        return proc.stdout + proc.stderr
+
+    def setups_up_to_date(self) -> int:
+        """How many nodes the head's autoscaler set up found the venv up to date."""
+        logs = (self.hosts["head"].root / "tmp" / "ray").glob("session_2*/logs/monitor.out")
+        text = "".join(log.read_text(errors="replace") for log in logs)
+        return text.count(UP_TO_DATE)
 
     def down(self) -> None:
         self.ray("down", "-y", self.config)
@@ -266,6 +277,28 @@ def _prepare(host: Host, wheels: Path, agent_port: int | None) -> None:
     _write_as(host, ".config/pip/pip.conf", f"[global]\nno-index = true\nfind-links = {wheels}\n")
     ports = dict(PORTS, RAYPEFT_AGENT_PORT=agent_port) if agent_port else PORTS
     _write_as(host, ".bashrc", "export " + " ".join(f"{k}={v}" for k, v in ports.items()) + "\n")
+
+
+def _bake_venv(host: Host, checkout: Path, key: Path) -> None:
+    """What a team bakes into its machine image: the repository and the venv node.sh's
+    setup makes, installed on ``host`` before the first `ray up` (whose setup then finds it
+    up to date). The head is not baked: `ray up` installs it in full."""
+    shutil.copytree(checkout, host.home / "raypeft", symlinks=True)
+    for folder, _, files in os.walk(host.home / "raypeft"):  # the host's user owns its copy
+        for path in [folder, *(os.path.join(folder, f) for f in files)]:
+            os.lchown(path, host.uid, host.uid)
+    torch_index = "https://download.pytorch.org/whl/cpu"
+    proc = host.ssh(key, f"bash ~/raypeft/cluster/node.sh setup {torch_index}", timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def _give_venv(host: Host, image: Host) -> None:
+    """``image``'s baked venv on ``host`` too, as the same machine image gives it: hard
+    links (every host sees it at the same path), its folders the host user's own, so that
+    Python can write byte code there."""
+    run(["cp", "-al", image.home / "venv", host.home / "venv"])
+    for folder, _, _ in os.walk(host.home / "venv"):
+        os.lchown(folder, host.uid, host.uid)
 
 
 def _laptop(work: Path, stores: Stores) -> tuple[Path, dict]:
@@ -357,6 +390,10 @@ def cluster():
                     wheels,
                     timings,
                 )
+                started = time.monotonic()
+                _bake_venv(hosts["w1"], checkout, work / "id")
+                _give_venv(hosts["w2"], hosts["w1"])
+                timings["workers' image"] = [round(time.monotonic() - started)]
                 cluster.up()
                 started = time.monotonic()
                 cluster.wait_for_nodes(3)
@@ -493,8 +530,11 @@ def test_workers_join_through_the_launcher_and_each_host_sees_only_itself(cluste
         assert (host.home / ".raypeft" / "cluster.env").read_text() == (
             laptop / ".raypeft" / "cluster.env"
         ).read_text()
-        # catches: setup_commands not run on the worker (its own venv, raypeft in it)
+        # the worker's venv, raypeft in it (baked: _bake_venv)
         assert (host.home / "venv" / "bin" / "raypeft").is_file()
+    # catches: setup_commands not run on a worker: the head's autoscaler ran node.sh's setup
+    # on each, which found the image's venv up to date (the head's was installed in full)
+    assert cluster.setups_up_to_date() == 2
     # catches: hosts that share a process namespace: on w1, `ps` sees w1's processes only,
     # and as many as this machine sees in w1's namespace
     seen = cluster.hosts["w1"].ssh(cluster.key, "ps -e -o comm=").stdout.split()
@@ -724,9 +764,10 @@ def snapshot(cluster: Cluster) -> dict:
 
 
 def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cluster):
-    """`ray down`, then `ray up` onto a head that is a new machine (an empty disk at the same
-    address: what a changed head node_config gets on a cloud) with a code change: every run,
-    artefact and trial is still there, and `--resume` finishes the interrupted search."""
+    """`ray down`, then `ray up` onto a head that is a new machine (a new disk from the
+    workers' image at the same address, nothing of the old head's: what a changed head
+    node_config gets on a cloud) with a code change: every run, artefact and trial is still
+    there, and `--resume` finishes the interrupted search."""
     client = cluster.stores.mlflow()
     cluster.submit("resumed.yaml", wait=False)
     deadline = time.monotonic() + 600
@@ -755,21 +796,19 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
         (cluster.work / "id.pub").read_text(),
     )
     _prepare(cluster.hosts["head"], cluster.wheels, AGENT_PORTS["head"])
+    _give_venv(cluster.hosts["head"], cluster.hosts["w1"])
     shipped = cluster.checkout / "cluster-test" / "shipped.txt"
     shipped.write_text("a code change\n")
-    cluster.up()
+    printed = cluster.up()
+    # catches: a `ray up` that skips the new head's setup_commands (they found the image's
+    # venv up to date: node.sh's stamp)
+    assert UP_TO_DATE in printed, printed[-3000:]
     # catches: a `ray up` that did not set the new head up (file mounts)
     assert (cluster.hosts["head"].home / "raypeft" / "cluster-test" / "shipped.txt").is_file()
     # the new head's autoscaler sets the workers up again (their hosts kept their disks)
     cluster.wait_for_nodes(3)
-    # catches: a second setup that reinstalls an unchanged venv (node.sh's stamp), while the
-    # new head's empty disk got a full install
-    monitor = "".join(
-        log.read_text(errors="replace")
-        for log in (cluster.hosts["head"].root / "tmp" / "ray").glob("session_2*/logs/monitor.out")
-    )
-    assert monitor.count("node.sh setup: ~/venv is up to date") == 2, monitor[-3000:]
-    assert (cluster.hosts["head"].home / "venv" / ".raypeft-setup").is_file()
+    # catches: a second setup that reinstalls an unchanged venv (node.sh's stamp)
+    assert cluster.setups_up_to_date() == 2
     after = snapshot(cluster)
     # catches: anything that lived on the old head's disk: run ids, statuses and metrics,
     # artefact digests and trial states are exactly as before
