@@ -20,8 +20,8 @@ each); every node command is the shipped one. The hosts' pip installs from a fol
 wheels made once from this venv's packages (the shared wheel cache, no download). `ray up`
 installs the head in full; the workers' hosts come with the venv baked in, as a team's
 machine image holds it (node.sh's setup run on w1 before `ray up`, hard-linked to w2 and,
-later, to the new head), and their setup finds it up to date. Teardown ends each host (its namespace's init ends every process in it) and
-the servers, by process id.
+later, to the new head), and their setup finds it up to date. Teardown ends each host (its
+namespace's init ends every process in it) and the servers, by process id.
 
 What each assertion catches is said beside it.
 """
