@@ -3,6 +3,7 @@ and one Ray per pytest process for the searches that do not need a Ray of their 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -80,7 +81,8 @@ def _stop_session(proc: subprocess.Popen) -> None:
         except (ProcessLookupError, PermissionError):
             pass
     for member in left:
-        member.kill()
+        with contextlib.suppress(psutil.NoSuchProcess):  # it may end by itself meanwhile
+            member.kill()
     psutil.wait_procs(left, timeout=15)
 
 
