@@ -8,8 +8,9 @@ command line: the child is a new process (its own pid, session, working director
 environment, stdin/stdout/stderr files) that runs the console script's entry point,
 ``raypeft.cli.main:main``, with the given arguments and exits as Python does (non-daemon
 threads joined, atexit handlers run, so a local Ray it started is shut down). What it does
-not repeat is the libraries' import, and raypeft's own modules are imported by the child as
-the console script would import them (none is preloaded), so a missing import still fails.
+not repeat is the libraries' import. Of raypeft's own modules only the entry point and what
+it imports are preloaded (every command imports them first); the modules a command imports
+lazily are imported by the child, as the console script would, so a missing one still fails.
 
 What differs from ``subprocess.run([raypeft, ...])``: the libraries read environment
 variables at import time in the server's environment, so tests.helpers sends here only the
@@ -127,11 +128,10 @@ def _become(request: dict) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     stdin = os.open(request["stdin"] or os.devnull, os.O_RDONLY)
-    stdout = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    if request["stderr"] == request["stdout"]:
-        stderr = stdout
-    else:
-        stderr = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    stdout, stderr = (
+        os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        for name in ("stdout", "stderr")
+    )
     for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
         os.dup2(fd, target)
     import random
