@@ -49,6 +49,9 @@ def command(
     (exit 2 when any file fails)."""
     files = experiment_files(files, space_file, most=None)
     quiet_libraries()
+    # why: Optuna takes a second to import; --help and bad arguments answer sooner
+    from raypeft.preflight.sampler import sampler_notes
+
     failed = 0
     for file in files:
         try:
@@ -60,7 +63,7 @@ def command(
         click.echo(ok_line(file, cfg, checked, address))
         if checked.gpu_line:
             click.echo(f"  {checked.gpu_line}")
-        for note in checked.notes:
+        for note in (*checked.notes, *sampler_notes(cfg)):
             click.echo(f"  note: {note}")
     if failed:
         sys.exit(EXIT_USER_ERROR)

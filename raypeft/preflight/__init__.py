@@ -18,7 +18,8 @@ with the experiment file's name; nothing is created before all pass):
 
 What passes can still earn a note (:mod:`.export`): which of the search's models
 ``raypeft export --format peft`` will refuse, and why; ``validate`` and ``tune`` print it
-before anything runs.
+before anything runs. ``validate`` also notes a tpe or gp sampler with too few trials to model
+anything (:mod:`.sampler`).
 """
 
 from __future__ import annotations

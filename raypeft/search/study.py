@@ -10,6 +10,7 @@ comes from ``BaseStorage.get_trial_id_from_study_id_trial_number``.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import socket
 import warnings
@@ -76,17 +77,30 @@ def build_sampler(cfg: ExperimentConfig, earlier_trials: int = 0) -> optuna.samp
             independent_sampler=optuna.samplers.TPESampler(seed=seed),
             warn_independent_sampling=False,
         )
-    startup = {} if cfg.search.startup_trials is None else {
-        "n_startup_trials": cfg.search.startup_trials}  # fmt: skip
     if name == "gp":  # a Gaussian process over the keys (categorical ones included)
-        return optuna.samplers.GPSampler(seed=seed, **startup)
+        return optuna.samplers.GPSampler(seed=seed, n_startup_trials=startup_trials(cfg))
     if name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=seed)
     conditional = any(is_conditional(k) for k in cfg.space)
     # multivariate TPE with groups models keys that only some trials have (conditional knobs)
     return optuna.samplers.TPESampler(
-        seed=seed, multivariate=conditional, group=conditional, **startup
+        seed=seed,
+        multivariate=conditional,
+        group=conditional,
+        n_startup_trials=startup_trials(cfg),
     )
+
+
+MODEL_BASED = {"tpe": optuna.samplers.TPESampler, "gp": optuna.samplers.GPSampler}
+
+
+def startup_trials(cfg: ExperimentConfig) -> int:
+    """How many trials a tpe or gp sampler draws at random before it models the results:
+    ``search.startup_trials``, else the Optuna sampler's own default."""
+    if cfg.search.startup_trials is not None:
+        return cfg.search.startup_trials
+    sampler = MODEL_BASED[cfg.search.sampler]
+    return inspect.signature(sampler).parameters["n_startup_trials"].default
 
 
 class _GridSampler(optuna.samplers.GridSampler):

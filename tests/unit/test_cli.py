@@ -140,6 +140,14 @@ def notes(result) -> list[str]:
     return [ln for ln in result.output.splitlines() if ln.startswith("  note: ")]
 
 
+def export_notes(result) -> list[str]:
+    return [note for note in notes(result) if "search.sampler:" not in note]
+
+
+def sampler_notes(result) -> list[str]:
+    return [note for note in notes(result) if "search.sampler:" in note]
+
+
 def test_validate_says_when_the_searchs_models_will_not_export(tmp_path):
     """The shipped pt.yaml on minilm: its head mean-pools (auto), which peft cannot load; a
     note says so at validate time, and head_pooling: first makes it exportable (no note).
@@ -148,11 +156,11 @@ def test_validate_says_when_the_searchs_models_will_not_export(tmp_path):
     pt = str(REPO / "search_spaces" / "pt.yaml")
     result = invoke("validate", pt)
     assert result.exit_code == 0, result.output
-    (note,) = notes(result)
+    (note,) = export_notes(result)
     assert "model.head_pooling: auto resolves to mean on minilm" in note
     assert "raypeft export --format peft` will refuse this search's models" in note
     first = invoke("validate", pt, "--set", "model.head_pooling=first")
-    assert first.exit_code == 0 and "note:" not in first.output
+    assert first.exit_code == 0 and export_notes(first) == []
     dept = invoke("validate", str(REPO / "search_spaces" / "dept.yaml"))
     assert dept.exit_code == 0, dept.output
     (note,) = notes(dept)
@@ -162,11 +170,36 @@ def test_validate_says_when_the_searchs_models_will_not_export(tmp_path):
         "(PROMPT_TUNING) and prefix with style: kv (PREFIX_TUNING)"
     )
     prefix = str(REPO / "search_spaces" / "prefix.yaml")
-    hidden, kv = notes(invoke("validate", prefix))
+    hidden, kv = export_notes(invoke("validate", prefix))
     assert "refuse some of this search's models" in hidden and "style: hidden has no" in hidden
     assert "auto resolves to mean on minilm" in kv and "some of this search's models" in kv
-    (hidden,) = notes(invoke("validate", prefix, "--set", "model.head_pooling=first"))
+    (hidden,) = export_notes(invoke("validate", prefix, "--set", "model.head_pooling=first"))
     assert "style: hidden has no peft equivalent" in hidden
+
+
+def test_validate_says_when_tpe_will_draw_every_trial_at_random():
+    """TPE draws its first 10 trials at random (Optuna's n_startup_trials): pt.yaml's 8
+    samples would never reach its model, and a note says so; the shipped file's
+    startup_trials (4), or more samples, and TPE models the results (no note)."""
+    pt = str(REPO / "search_spaces" / "pt.yaml")
+    assert sampler_notes(invoke("validate", pt)) == []
+    optunas = invoke("validate", pt, "--set", "search.startup_trials=null")
+    (note,) = sampler_notes(optunas)
+    assert note == (
+        "  note: search.sampler: tpe draws its first 10 trials at random "
+        "(search.startup_trials), so with num_samples 8 it draws method.lr, "
+        "method.prompt_length, method.init at random in every trial; raise num_samples past "
+        "10 or lower startup_trials for it to model the results"
+    )
+    more = ("--set", "search.startup_trials=null", "--set", "search.num_samples=11")
+    assert sampler_notes(invoke("validate", pt, *more)) == []
+    gp = invoke("validate", pt, "--set", "search.sampler=gp", "--set", "search.startup_trials=8")
+    assert "search.sampler: gp draws its first 8 trials at random" in sampler_notes(gp)[0]
+    plain = ("--set", "search.sampler=random", "--set", "search.startup_trials=null")
+    assert sampler_notes(invoke("validate", pt, *plain)) == []
+    for shipped in ("dept", "prefix", "compare", "idpg", "ipt", "dept_pareto"):
+        path = REPO / "search_spaces" / f"{shipped}.yaml"
+        assert sampler_notes(invoke("validate", str(path))) == [], shipped
 
 
 def test_tune_says_it_before_the_search_starts(tmp_path):
