@@ -153,6 +153,8 @@ def run_peer(name: str, args, folder: Path) -> Outcome:
     trial's hyperparameters trained again and scored on the test split."""
     import optuna
 
+    from raypeft.search.study import startup_trials
+
     cfg = experiment_in(args.space, name, args.set, folder)
     data = peer_data(cfg)
     storage = f"sqlite:///{folder / 'optuna.db'}"
@@ -165,7 +167,10 @@ def run_peer(name: str, args, folder: Path) -> Outcome:
         n_trials=cfg.search.num_samples,
         direction="maximize",
         backend="optuna",
-        sampler=optuna.samplers.TPESampler(seed=cfg.search.seed),
+        # the same start-up count as raypeft's TPE (pt.yaml's search.startup_trials)
+        sampler=optuna.samplers.TPESampler(
+            seed=cfg.search.seed, n_startup_trials=startup_trials(cfg)
+        ),
         pruner=peer_pruner(cfg),
         storage=storage,
         study_name=name,
