@@ -227,21 +227,13 @@ def main() -> None:
     print(f"leader {choice.leader}; ties: {', '.join(choice.tied[1:]) or 'none'}; "
           f"chosen {choice.chosen}; shipped now {shipped}")  # fmt: skip
     against = list(dict.fromkeys([shipped, choice.leader]))
+    compared = list(dict.fromkeys([choice.chosen, *against]))
     sets = {
-        f"{t.stem.removeprefix('table_')}, seed {args.seed}": rows_for(
-            t, list(dict.fromkeys([choice.chosen, *against])), args.replays, args.seed, args.out
+        f"{t.stem.removeprefix('table_')}, seed {seed}": rows_for(
+            t, compared, args.replays, seed, args.out
         )
-        for t in args.confirm
-    }
-    sets |= {
-        f"{t.stem.removeprefix('table_')}, seed {args.confirm_seed}": rows_for(
-            t,
-            list(dict.fromkeys([choice.chosen, *against])),
-            args.replays,
-            args.confirm_seed,
-            args.out,
-        )
-        for t in args.choose
+        for t, seed in [(t, args.seed) for t in args.confirm]
+        + [(t, args.confirm_seed) for t in args.choose]
     }
     print(f"\nConfirmation ({args.replays} replays each):")
     confirmed = confirm(choice.chosen, against, sets, args.margin)
