@@ -18,10 +18,12 @@ The rule, fixed before the confirmation table was read:
    median trial-steps (a fraction of the full grid's), averaged over the choice tables; the
    leader where that is equal. (A newcomer's first command is part of the product.)
 5. **Confirmation.** The chosen against the shipped search and against the leader, paired,
-   on each confirmation table at ``--seed`` and on each choice table at ``--confirm-seed``
-   (fresh replays: seed draws and sampler seeds the choice never saw). It is confirmed when,
-   on every confirmation set, the interval of the chosen minus the shipped lies below the
-   margin (not worse by more than it).
+   on each confirmation table at ``--confirm-table-seed`` (``--seed`` unless given) and on
+   each choice table at ``--confirm-seed`` (fresh replays: seed draws and sampler seeds the
+   choice never saw), ``--confirm-replays`` replays each (``--replays`` unless given). It is
+   confirmed when, on every confirmation set, the interval of the chosen minus the shipped
+   lies below the margin (not worse by more than it). More replays narrow that interval
+   over replays of the same tables; they do not shrink the tables' own seed noise.
 
 Every candidate must have a held-out figure on every table: a setting whose repeats need
 every other seed of a 3-seed table is not a candidate.
@@ -72,6 +74,33 @@ CANDIDATES = (
     "random-none",
 )
 MARGIN = 0.5  # points of held-out regret: the goal's tolerance (docs/search_efficiency.md)
+
+
+@dataclass(frozen=True)
+class ConfirmationSet:
+    """Replays of one table the chosen setting is confirmed on."""
+
+    table: Path
+    seed: int  # the first replay's seed
+    replays: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.table.stem.removeprefix('table_')}, seed {self.seed}"
+
+
+def confirmation_sets(
+    choose_tables: list[Path],
+    confirm_tables: list[Path],
+    confirm_seed: int,
+    table_seed: int,
+    replays: int,
+) -> list[ConfirmationSet]:
+    """The confirmation tables at ``table_seed``, then fresh replays of the choice tables at
+    ``confirm_seed``: ``replays`` each."""
+    return [ConfirmationSet(t, table_seed, replays) for t in confirm_tables] + [
+        ConfirmationSet(t, confirm_seed, replays) for t in choose_tables
+    ]
 
 
 @dataclass(frozen=True)
@@ -199,6 +228,16 @@ def main() -> None:
         help="fresh replays of the choice tables (>= --seed + --replays)",
     )
     parser.add_argument(
+        "--confirm-table-seed",
+        type=int,
+        help="the first replay's seed on the --confirm tables (default: --seed)",
+    )
+    parser.add_argument(
+        "--confirm-replays",
+        type=int,
+        help="replays per confirmation set (default: --replays)",
+    )
+    parser.add_argument(
         "--candidate",
         action="append",
         help=f"a candidate setting (repeatable; default: {', '.join(CANDIDATES)})",
@@ -218,6 +257,8 @@ def main() -> None:
         parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
     if args.confirm_seed < args.seed + args.replays:
         parser.error("--confirm-seed must be at least --seed + --replays (fresh replays)")
+    confirm_replays = args.confirm_replays or args.replays
+    table_seed = args.seed if args.confirm_table_seed is None else args.confirm_table_seed
     wanted = list(dict.fromkeys([*labels, shipped]))
     chosen_on = [rows_for(t, wanted, args.replays, args.seed, args.out) for t in args.choose]
     choice = choose([{lbl: rows[lbl] for lbl in labels} for rows in chosen_on], args.margin)
@@ -228,14 +269,11 @@ def main() -> None:
           f"chosen {choice.chosen}; shipped now {shipped}")  # fmt: skip
     against = list(dict.fromkeys([shipped, choice.leader]))
     compared = list(dict.fromkeys([choice.chosen, *against]))
-    sets = {
-        f"{t.stem.removeprefix('table_')}, seed {seed}": rows_for(
-            t, compared, args.replays, seed, args.out
-        )
-        for t, seed in [(t, args.seed) for t in args.confirm]
-        + [(t, args.confirm_seed) for t in args.choose]
-    }
-    print(f"\nConfirmation ({args.replays} replays each):")
+    declared = confirmation_sets(
+        args.choose, args.confirm, args.confirm_seed, table_seed, confirm_replays
+    )
+    sets = {s.name: rows_for(s.table, compared, s.replays, s.seed, args.out) for s in declared}
+    print(f"\nConfirmation ({confirm_replays} replays each):")
     confirmed = confirm(choice.chosen, against, sets, args.margin)
     verdict = "confirmed" if confirmed else "NOT confirmed"
     print(f"{choice.chosen}: {verdict} against {shipped} (margin {args.margin} points)")

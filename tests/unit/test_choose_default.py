@@ -3,6 +3,8 @@ leader, its ties (paired by replay), the cheapest of them, and the confirmation'
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks import choose_default
@@ -67,3 +69,18 @@ def test_confirmation_fails_where_the_chosen_is_worse_than_the_shipped(capsys):
     assert not choose_default.confirm("cheap", [shipped], fails)
     printed = capsys.readouterr().out
     assert "| b " in printed and "+1.00 [+1.00, +1.00]" in printed
+
+
+def test_confirmation_sets_replay_the_confirm_tables_and_fresh_choice_replays():
+    sets = choose_default.confirmation_sets(
+        [Path("table_dept_subj.json"), Path("table_dept_mr.json")],
+        [Path("table_dept_tweets.json")],
+        confirm_seed=2000,
+        table_seed=3000,
+        replays=200,
+    )
+    assert [(s.name, s.replays) for s in sets] == [
+        ("dept_tweets, seed 3000", 200),
+        ("dept_subj, seed 2000", 200),
+        ("dept_mr, seed 2000", 200),
+    ]
