@@ -158,6 +158,19 @@ def rest(paths: list[Path], tracking_uri: str, out: Path) -> None:
     )
 
 
+def merged_experiment(first: CurveTable, curves: list) -> dict[str, Any]:
+    """The first chunk's experiment, its search saying what the joined table holds: a search
+    over explicit seeds names every seed the curves hold, and as many samples as curves (chunks
+    recorded over other seeds, MR's 3 then 2 more, are one 5-seed recording)."""
+    experiment = dict(first.experiment)
+    search = dict(experiment.get("search") or {})
+    if search.get("seeds"):
+        search["seeds"] = sorted({c.seed for c in curves})
+        search["num_samples"] = len(curves)
+        experiment["search"] = search
+    return experiment
+
+
 def merge(paths: list[Path], out: Path, keep_first: bool = False) -> None:
     """Join the chunks' tables into ``out``. A (configuration, seed) in more than one chunk is
     refused, or with ``keep_first`` kept from the first chunk that holds it: a resumed
@@ -179,12 +192,13 @@ def merge(paths: list[Path], out: Path, keep_first: bool = False) -> None:
                     "too (--keep-first keeps the earlier one)"
                 )
     first = tables[0]
+    curves = [c for chunk in kept for c in chunk]
     merged = CurveTable(
-        experiment=first.experiment,
+        experiment=merged_experiment(first, curves),
         metric=first.metric,
         mode=first.mode,
         dims=first.dims,
-        curves=[c for chunk in kept for c in chunk],
+        curves=curves,
         source={
             **first.source,
             "concurrency": max(t.concurrency() for t in tables),

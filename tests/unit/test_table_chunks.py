@@ -79,3 +79,23 @@ def test_keep_first_keeps_the_earlier_draw_of_a_repeated_pair(table, tmp_path, c
     assert sorted(map(str, merged.curves)) == sorted(map(str, table.curves))
     assert [(c["trials"], c["left_out_as_repeats"]) for c in merged.source["chunks"]] == [
         (3, 0), (len(tail) - 1, 1)]  # fmt: skip
+
+
+def test_chunks_over_other_seeds_join_into_one_recording_over_all_of_them(table, tmp_path):  # noqa: F811
+    """MR's table: seeds 0-2 first, then 3 and 4 in a search of their own; the joined table's
+    experiment names every seed it holds, and a sample per curve."""
+
+    def over(seeds: list[int]) -> CurveTable:
+        search = {**table.experiment["search"], "seeds": seeds, "num_samples": 12 * len(seeds)}
+        return dataclasses.replace(
+            chunk(table, lambda c: c.seed in seeds),
+            experiment={**table.experiment, "search": search},
+        )
+
+    over([0, 1]).save(tmp_path / "a.json")
+    over([2]).save(tmp_path / "b.json")
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "all.json")]) == 0  # fmt: skip
+    merged = CurveTable.load(tmp_path / "all.json")
+    assert merged.config.search.seeds == [0, 1, 2] == merged.seeds()
+    assert merged.config.search.num_samples == len(merged.curves) == 36
