@@ -68,7 +68,10 @@ def check_same_recording(tables: list[CurveTable], paths: list[Path]) -> None:
     """Chunks of one recording ran one experiment (apart from how each search ran)."""
 
     def what(table: CurveTable) -> dict[str, Any]:
-        return {k: v for k, v in table.experiment.items() if k not in PER_CHUNK}
+        # through today's schema: a section added since a chunk was recorded (with its
+        # defaults) is no difference between chunks
+        experiment = table.config.model_dump(mode="json")
+        return {k: v for k, v in experiment.items() if k not in PER_CHUNK}
 
     first = what(tables[0])
     for table, path in zip(tables[1:], paths[1:], strict=True):
@@ -165,9 +168,10 @@ def merged_experiment(first: CurveTable, curves: list) -> dict[str, Any]:
     experiment = dict(first.experiment)
     search = dict(experiment.get("search") or {})
     if search.get("seeds"):
-        search["seeds"] = sorted({c.seed for c in curves})
-        search["num_samples"] = len(curves)
-        experiment["search"] = search
+        seeds = sorted({c.seed for c in curves})
+        experiment["search"] = {**search, "seeds": seeds, "num_samples": len(curves)}
+        # the schema writes search.seeds into the space as the seed's grid: both must agree
+        experiment["space"] = {**experiment.get("space", {}), SEED_KEY: {"grid": seeds}}
     return experiment
 
 

@@ -87,9 +87,10 @@ def test_chunks_over_other_seeds_join_into_one_recording_over_all_of_them(table,
 
     def over(seeds: list[int]) -> CurveTable:
         search = {**table.experiment["search"], "seeds": seeds, "num_samples": 12 * len(seeds)}
+        space = {**table.experiment["space"], SEED_KEY: {"grid": seeds}}  # as the schema writes
         return dataclasses.replace(
             chunk(table, lambda c: c.seed in seeds),
-            experiment={**table.experiment, "search": search},
+            experiment={**table.experiment, "search": search, "space": space},
         )
 
     over([0, 1]).save(tmp_path / "a.json")
@@ -98,4 +99,18 @@ def test_chunks_over_other_seeds_join_into_one_recording_over_all_of_them(table,
                  "--out", str(tmp_path / "all.json")]) == 0  # fmt: skip
     merged = CurveTable.load(tmp_path / "all.json")
     assert merged.config.search.seeds == [0, 1, 2] == merged.seeds()
+    assert merged.config.space[SEED_KEY].listed() == [0, 1, 2]
     assert merged.config.search.num_samples == len(merged.curves) == 36
+
+
+def test_a_chunk_recorded_before_a_section_was_added_is_the_same_recording(table, tmp_path):  # noqa: F811
+    """MR's first chunks were recorded before the schema had `replay`: its defaults are no
+    difference."""
+    older = {k: v for k, v in table.experiment.items() if k != "replay"}
+    assert older != table.experiment
+    dataclasses.replace(chunk(table, lambda c: c.seed == 0), experiment=older).save(
+        tmp_path / "a.json"
+    )
+    chunk(table, lambda c: c.seed != 0).save(tmp_path / "b.json")
+    assert main(["merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                 "--out", str(tmp_path / "all.json")]) == 0  # fmt: skip
