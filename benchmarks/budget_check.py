@@ -68,10 +68,9 @@ def metric_key(table: CurveTable) -> str:
     return f"val_{table.metric}"
 
 
-def curve_score(table: CurveTable, values: list[float]) -> float:
-    """A curve's best validation value, in points."""
-    best = max(values) if table.mode == "max" else min(values)
-    return 100 * best
+def curve_score(values: list[float]) -> float:
+    """A curve's best validation value, in points (a metric to maximise: see compare)."""
+    return 100 * max(values)
 
 
 def scores(table: CurveTable, seeds: list[int]) -> dict[str, float]:
@@ -79,7 +78,7 @@ def scores(table: CurveTable, seeds: list[int]) -> dict[str, float]:
     metric = metric_key(table)
     return {
         configuration: statistics.fmean(
-            curve_score(table, c.values[metric]) for c in curves if c.seed in seeds
+            curve_score(c.values[metric]) for c in curves if c.seed in seeds
         )
         for configuration, curves in table.by_configuration().items()
         if any(c.seed in seeds for c in curves)
@@ -89,10 +88,9 @@ def scores(table: CurveTable, seeds: list[int]) -> dict[str, float]:
 def still_rising(table: CurveTable, points: float) -> tuple[int, int]:
     """How many curves' best-so-far rose by more than ``points`` at the last evaluation."""
     metric = metric_key(table)
-    sign = 1 if table.mode == "max" else -1
     rising = 0
     for curve in table.curves:
-        values = [sign * 100 * v for v in curve.values[metric]]
+        values = [100 * v for v in curve.values[metric]]
         if len(values) > 1 and max(values) - max(values[:-1]) > points:
             rising += 1
     return rising, len(table.curves)
@@ -100,6 +98,8 @@ def still_rising(table: CurveTable, points: float) -> tuple[int, int]:
 
 def compare(short: CurveTable, long: CurveTable) -> BudgetComparison:
     """The two tables on the seeds both hold; refused where the grids differ."""
+    if short.mode != "max" or long.mode != "max":  # ranked() and the regret: higher is better
+        raise SystemExit("budget_check compares tables of a metric to maximise (accuracy, F1)")
     if short.space() != long.space():
         raise SystemExit("the two tables search different grids: nothing to compare")
     seeds = sorted(set(short.seeds()) & set(long.seeds()))
