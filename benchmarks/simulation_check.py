@@ -13,12 +13,15 @@ Each real run is scored as a replay is, against the same table: its compute (tri
 and the wall time from its first trial's start to its last trial's end, as fractions of the
 full grid's: ``len(grid) x steps`` and the grid's simulated wall, median over the replays'
 seed draws) and the regret of the configuration it chose (by the table's seed-means). The
-same file is then replayed ``--replays`` times, and each real figure is printed with the
+wall fraction is printed twice: as measured, and divided by the run's **pace** (its trials'
+clock over the table's at the same configuration and step: how much slower this machine
+trains than the recording's), since the simulated grid runs at the recording machine's pace.
+The same file is then replayed ``--replays`` times, and each real figure is printed with the
 percentile where it falls among the replays and whether it lies inside their 5th-95th
 percentile band.
 
 Real runs are appended to ``--out`` (JSON lines) as each finishes; one already there (same
-table, file and seeds) is not run again, so an interrupted check continues.
+table, the file's settings and seeds) is not run again, so an interrupted check continues.
 
 Usage::
 
@@ -29,12 +32,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import optuna
+import yaml
 
 from benchmarks.common.paths import REPO, RESULTS, digest
 from benchmarks.common.searches import quiet_and_local, timed_search
@@ -45,7 +50,7 @@ from raypeft.config.space import configuration_key
 from raypeft.search.simulate.plan import fixed_values, replay_config
 from raypeft.search.simulate.runs import simulate
 from raypeft.search.simulate.scores import Quality
-from raypeft.search.simulate.table import CurveTable
+from raypeft.search.simulate.table import WALL_METRIC, CurveTable
 
 BAND = (5, 95)  # a real run "agrees" when it lies inside this percentile band of the replays
 
@@ -66,6 +71,30 @@ def real_config(search, table: CurveTable, k: int, train_seed: int, overrides: l
     for override in overrides:
         set_dotted(data, *parse_override(override))
     return validate_experiment(data, "the real check")
+
+
+def pace(client, trials, table: CurveTable) -> float | None:
+    """How much slower this machine trains than the table's did: the median, over the real
+    trials' evaluations, of the trial's clock at that step over the table's median clock for
+    the same configuration and step (every recorded seed). The wall fractions are measured
+    against the table's simulated grid, so a machine 1.5 times slower than the recording's
+    shows a search 1.5 times costlier than it is; divided by this, they compare like with
+    like. None when no real evaluation has a recorded twin."""
+    recorded = {}
+    for configuration, curves in table.by_configuration().items():
+        for curve in curves:
+            for step, wall in zip(curve.steps, curve.wall_s, strict=True):
+                recorded.setdefault((configuration, step), []).append(wall)
+    space = table.space()  # MLflow holds the params as text: typed as the table's values
+    ratios = []
+    for trial in trials:
+        params = trial.data.params
+        configuration = configuration_key({k: type(space[k][0])(params[k]) for k in space})
+        for m in client.get_metric_history(trial.info.run_id, WALL_METRIC):
+            walls = recorded.get((configuration, m.step))
+            if walls:
+                ratios.append(m.value / float(np.median(walls)))
+    return float(np.median(ratios)) if ratios else None
 
 
 def real_run(cfg, table: CurveTable, quality: Quality, grid_steps: int, grid_wall: float,
@@ -93,6 +122,7 @@ def real_run(cfg, table: CurveTable, quality: Quality, grid_steps: int, grid_wal
         "normalised": quality.normalised(chosen),
         "steps": sum(steps) / grid_steps,
         "wall": makespan / grid_wall,
+        "pace": pace(client, trials, table),
         "trials": len(trials),
         "stopped": sum(s < cfg.train.max_steps for s in steps),
         "search_wall_s": round(wall, 1),
@@ -147,8 +177,17 @@ def parse_args(argv):
 
 
 def run_key(args) -> str:
-    """What a real run's result depends on: the table, the file and the seeds' base."""
-    return f"{digest(args.table)}/{digest(args.space)}/{args.train_seed}"
+    """What a real run's result depends on: the table, the file's settings and the seeds'
+    base."""
+    return f"{digest(args.table)}/{settings_digest(args.space)}/{args.train_seed}"
+
+
+def settings_digest(path: Path) -> str:
+    """A short hash of a search file's settings, not of its bytes: editing its comments (a
+    header that cites the file's measured time) leaves its real runs standing; changing a
+    value redoes them."""
+    data = yaml.safe_load(Path(path).read_text())
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def done_runs(args) -> list[dict]:
@@ -173,6 +212,7 @@ def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> No
         "normalised, held-out seed": ("heldout_normalised", "normalised"),
         "trial-steps / grid": ("steps", "steps"),
         "wall / grid": ("wall", "wall"),
+        "wall / grid at the table's pace": ("wall", "wall_at_pace"),
     }
     replayed = {
         figure: [v for s in sim.scores if np.isfinite(v := getattr(s, figure))]
@@ -189,7 +229,9 @@ def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> No
         ])  # fmt: skip
     for run in sorted(runs, key=lambda r: r["k"]):
         label = f"real run {run['k']} (seeds {run['sampler_seed']}/{run['train_seed']})"
-        rows.append([label] + [band_cell(run[real], replayed[f]) for f, real in columns.values()])
+        figures = {**run, "wall_at_pace": run["wall"] / run["pace"] if run.get("pace") else None}
+        cells = [band_cell(figures[real], replayed[f]) for f, real in columns.values()]
+        rows.append([label, *cells])
     print(
         f"\n{args.space.name} on {args.table.name}: {len(sim.scores)} replays, {len(runs)} real "
         f"runs; grid {grid_steps} trial-steps, simulated wall {grid_wall / 60:.1f} min"
@@ -199,11 +241,17 @@ def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> No
         print(f"real run {run['k']}: chose {run['chosen']}; {run['trials']} trials, "
               f"{run['stopped']} stopped; search {run['search_wall_s'] / 60:.1f} min "
               f"(trials {run['trials_wall_s'] / 60:.1f} min); val {run['best_val']:.4f}, "
-              f"test {run['test']:.4f}")  # fmt: skip
+              f"test {run['test']:.4f}; pace {pace_text(run.get('pace'))}")  # fmt: skip
+
+
+def pace_text(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:.2f}x the table's clock"
 
 
 def band_cell(value: float, replayed: list[float]) -> str:
     """``value`` with its percentile among ``replayed`` and whether it is inside the band."""
+    if value is None:  # e.g. the pace of a run recorded before it was measured
+        return "n/a"
     if not replayed:  # e.g. held-out regret when the table had no seed to spare
         return f"{value:.2f} (no replays)"
     lo, hi = np.percentile(replayed, BAND)

@@ -64,9 +64,9 @@ def test_a_candidate_without_a_held_out_figure_is_refused():
 def test_confirmation_fails_where_the_chosen_is_worse_than_the_shipped(capsys):
     shipped = shipped_setting()
     holds = {"a": {"cheap": row(NOISY, 0.19), shipped: row(LEADER, 0.29)}}
-    assert choose_default.confirm("cheap", [shipped], holds)
+    assert choose_default.confirm("cheap", [shipped], holds, shipped)
     fails = holds | {"b": {"cheap": row(WORSE, 0.19), shipped: row(LEADER, 0.29)}}
-    assert not choose_default.confirm("cheap", [shipped], fails)
+    assert not choose_default.confirm("cheap", [shipped], fails, shipped)
     printed = capsys.readouterr().out
     assert "| b " in printed and "+1.00 [+1.00, +1.00]" in printed
 

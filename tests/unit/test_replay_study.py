@@ -23,7 +23,7 @@ def test_every_setting_is_a_valid_search(label):
 
 def test_the_shipped_file_is_one_of_the_settings():
     """What docs/search_efficiency.md says won is what search_spaces/dept.yaml ships."""
-    assert replay_study.shipped_setting() == "tpe-none-repeat2x1"
+    assert replay_study.shipped_setting() == "tpe-asha-loss-repeat3x1"
 
 
 def test_a_row_holds_the_simulations_figures(dept_table_file):

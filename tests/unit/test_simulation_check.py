@@ -67,3 +67,46 @@ def test_a_real_runs_regret_is_also_placed_among_the_heldout_seed_regrets(dept_t
     assert "regret, held-out seed" in out and "normalised, held-out seed" in out
     # beyond every replay's held-out-seed regret: the 100th percentile, outside the band
     assert out.count(f"{unseen[-1] + 5.0:.2f} (p100, OUT)") == 2
+
+
+def test_the_pace_is_the_real_clock_over_the_tables_at_the_same_configuration_and_step(
+    dept_table_file, tmp_path
+):
+    """Trials logged as raypeft logs them (params as text, ``wall_time_s`` per evaluation) on a
+    machine 1.5 times slower than the synthetic table's (0.5 s a step): pace 1.5; a step the
+    table never recorded counts for nothing."""
+    from mlflow.tracking import MlflowClient
+
+    table = CurveTable.load(dept_table_file)
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("pace")
+    trials = []
+    for a1, a2, m in [(0.3, 1e-4, 20), (0.5, 5e-3, 80)]:
+        run = client.create_run(experiment)
+        for key, value in {"method.lr_prompt": a1, "method.lr_lowrank": a2,
+                           "method.prompt_length": m, "train.seed": 100}.items():  # fmt: skip
+            client.log_param(run.info.run_id, key, value)
+        for step in (40, 80, 200):
+            client.log_metric(run.info.run_id, "wall_time_s", 1.5 * 0.5 * step, step=step)
+        trials.append(client.get_run(run.info.run_id))
+    assert simulation_check.pace(client, trials, table) == 1.5
+
+
+def test_the_wall_is_also_placed_at_the_tables_pace(dept_table_file, capsys):
+    sim = replays(dept_table_file)
+    walls = sorted(s.wall for s in sim.scores)
+    out = report_of(sim, capsys, wall=2 * walls[-1], pace=2.0)
+    assert f"{2 * walls[-1]:.2f} (p100, OUT)" in out  # as measured: twice the slowest replay
+    assert f"| {walls[-1]:.2f} (p100, " in out  # at the table's pace: the slowest replay
+    assert "pace 2.00x the table's clock" in out
+    assert "| n/a" in report_of(sim, capsys)  # a run recorded before its pace was measured
+
+
+def test_real_runs_are_keyed_by_the_files_settings_not_its_comments(tmp_path):
+    path = tmp_path / "dept.yaml"
+    path.write_text("# 17.6 min of search\nsearch:\n  num_samples: 12\n")
+    before = simulation_check.settings_digest(path)
+    path.write_text("# 18.0 min of search, measured again\nsearch: {num_samples: 12}\n")
+    assert simulation_check.settings_digest(path) == before
+    path.write_text("search:\n  num_samples: 13\n")
+    assert simulation_check.settings_digest(path) != before
