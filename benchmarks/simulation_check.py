@@ -89,6 +89,8 @@ def pace(client, trials, table: CurveTable) -> float | None:
     ratios = []
     for trial in trials:
         params = trial.data.params
+        if not set(space) <= set(params):  # a trial outside the table's grid has no twin
+            continue
         configuration = configuration_key({k: type(space[k][0])(params[k]) for k in space})
         for m in client.get_metric_history(trial.info.run_id, WALL_METRIC):
             walls = recorded.get((configuration, m.step))
