@@ -51,6 +51,7 @@ from raypeft.search.simulate.plan import fixed_values, replay_config
 from raypeft.search.simulate.runs import simulate
 from raypeft.search.simulate.scores import Quality
 from raypeft.search.simulate.table import WALL_METRIC, CurveTable
+from raypeft.tracking.tags import CONFIGURATION_TAG
 
 BAND = (5, 95)  # a real run "agrees" when it lies inside this percentile band of the replays
 
@@ -85,13 +86,10 @@ def pace(client, trials, table: CurveTable) -> float | None:
         for curve in curves:
             for step, wall in zip(curve.steps, curve.wall_s, strict=True):
                 recorded.setdefault((configuration, step), []).append(wall)
-    space = table.space()  # MLflow holds the params as text: typed as the table's values
     ratios = []
     for trial in trials:
-        params = trial.data.params
-        if not set(space) <= set(params):  # a trial outside the table's grid has no twin
-            continue
-        configuration = configuration_key({k: type(space[k][0])(params[k]) for k in space})
+        # the tag each trial's run carries: the table's configuration_key of its values
+        configuration = trial.data.tags.get(CONFIGURATION_TAG)
         for m in client.get_metric_history(trial.info.run_id, WALL_METRIC):
             walls = recorded.get((configuration, m.step))
             if walls:

@@ -72,20 +72,21 @@ def test_a_real_runs_regret_is_also_placed_among_the_heldout_seed_regrets(dept_t
 def test_the_pace_is_the_real_clock_over_the_tables_at_the_same_configuration_and_step(
     dept_table_file, tmp_path
 ):
-    """Trials logged as raypeft logs them (params as text, ``wall_time_s`` per evaluation) on a
-    machine 1.5 times slower than the synthetic table's (0.5 s a step): pace 1.5; a step the
-    table never recorded counts for nothing."""
+    """Trials logged as raypeft logs them (the configuration tag, ``wall_time_s`` per
+    evaluation) on a machine 1.5 times slower than the synthetic table's (0.5 s a step): pace
+    1.5; a step the table never recorded counts for nothing."""
     from mlflow.tracking import MlflowClient
+
+    from raypeft.config.space import configuration_key
+    from raypeft.tracking.tags import CONFIGURATION_TAG
 
     table = CurveTable.load(dept_table_file)
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     experiment = client.create_experiment("pace")
     trials = []
     for a1, a2, m in [(0.3, 1e-4, 20), (0.5, 5e-3, 80)]:
-        run = client.create_run(experiment)
-        for key, value in {"method.lr_prompt": a1, "method.lr_lowrank": a2,
-                           "method.prompt_length": m, "train.seed": 100}.items():  # fmt: skip
-            client.log_param(run.info.run_id, key, value)
+        values = {"method.lr_prompt": a1, "method.lr_lowrank": a2, "method.prompt_length": m}
+        run = client.create_run(experiment, tags={CONFIGURATION_TAG: configuration_key(values)})
         for step in (40, 80, 200):
             client.log_metric(run.info.run_id, "wall_time_s", 1.5 * 0.5 * step, step=step)
         trials.append(client.get_run(run.info.run_id))
