@@ -5,8 +5,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 
 import ray
+
+from raypeft.errors import ConfigError
 
 # Ray binds every server of a node (GCS, raylet, object manager, workers, agents, metrics)
 # to the node's IP address, and to loopback only when that address is loopback. ray.init()
@@ -54,7 +57,7 @@ def init_ray(address: str | None, quiet: bool = False) -> None:
         logging.getLogger("ray").setLevel(logging.ERROR)
     level = logging.ERROR if quiet else logging.WARNING
     if address:
-        ray.init(address=address, log_to_driver=False, logging_level=level)
+        _join(address, level)
     else:
         with _loopback_node():  # one machine's Ray: nothing listens beyond loopback
             ray.init(
@@ -66,3 +69,31 @@ def init_ray(address: str | None, quiet: bool = False) -> None:
                 log_to_driver=False,
                 logging_level=level,
             )
+
+
+def _join(address: str, level: int) -> None:
+    """Join the Ray cluster at ``address``; a cluster that does not answer there (a wrong
+    address or port, a head not started, another cluster's token) is the user's one line."""
+    _check_something_listens(address)
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level=level)
+    except ConnectionError as exc:  # what ray.init raises when the cluster refuses the driver
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(
+            f"--address {address}: no Ray cluster could be joined there ({reason})"
+        ) from None
+
+
+def _check_something_listens(address: str) -> None:
+    """A ``host:port`` address where nothing accepts a connection fails at once: ray.init
+    would retry it for minutes before giving up. ``auto`` and ``ray://`` addresses pass."""
+    host, _, port = address.rpartition(":")
+    if "://" in address or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except OSError as exc:
+        raise ConfigError(
+            f"--address {address}: nothing accepts connections there ({exc.strerror or exc}); "
+            "start the cluster's head (`ray start --head` or `ray up`) or give its GCS address"
+        ) from None

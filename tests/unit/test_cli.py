@@ -245,3 +245,21 @@ def test_the_console_script_skips_the_last_garbage_collection(monkeypatch):
     monkeypatch.setattr(cli_main, "main", lambda: ran.append("main"))
     cli_main.run()
     assert registered == [gc.freeze] and ran == ["main"]
+
+
+def test_an_address_where_nothing_listens_is_one_line_and_creates_nothing(tmp_path):
+    """`tune --address` of a port nobody listens on (a typo, a head not started): exit 2 at
+    once, one line naming the address, no store, study or results left (a process of its own:
+    Ray is not joined inside pytest's)."""
+    from tests.helpers import run_cli, tiny_experiment
+    from tests.servers import free_port
+
+    path = tiny_experiment(tmp_path, resources={"use_gpu": False})
+    before = set(tmp_path.iterdir())
+    address = f"127.0.0.1:{free_port('127.0.0.1')}"
+    proc = run_cli(["tune", str(path), "--address", address, "--quiet"], tmp_path)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    (error,) = [line for line in proc.stderr.splitlines() if not line.startswith("note: ")]
+    assert error.startswith(f"error: --address {address}: nothing accepts connections there")
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert set(tmp_path.iterdir()) == before
