@@ -1,4 +1,6 @@
-"""``resources.gpus_per_worker: 0.25``: four trials share one GPU, in a real local search.
+"""``resources.gpus_per_worker: 0.5``: two trials share one GPU, in a real local search (Ray's
+fractional GPUs: 0.25 for four trials is the same request and the same placement, at twice
+the trials; two keep the check and halve its training).
 
 This machine has no GPU, so the search runs in a driver that starts Ray with one GPU declared
 for scheduling only (``ray.init(num_gpus=1)``, as ``ray start --num-gpus=1`` would): Ray then
@@ -7,8 +9,8 @@ trains on the CPU because torch sees no CUDA (raypeft.search.trial_runners.assig
 
 Concurrency is read from the trials' own records, not from timings: each trial's MLflow run
 starts when Tune has placed it (its actor started with its resources) and ends when it
-completes, so if the latest start comes before the earliest end, all four held their quarter
-of the GPU at the same time; with room for three, the fourth could start only after one ended.
+completes, so if the latest start comes before the earliest end, both held their half of the
+GPU at the same time; with room for one, the second could start only after the first ended.
 """
 
 from __future__ import annotations
@@ -20,12 +22,13 @@ from tests.helpers import children, results, run_driver, tiny_experiment
 
 pytestmark = pytest.mark.integration
 
-TRIALS = 4
-# Trials long enough (~20 s here) to outlast the start of the other trials' actors (~10-15 s
-# of imports on 2 busy cores): Tune hands a pending trial the actor of a trial that just
-# ended when its own is still starting, so 12-step trials (~1 s) ran one after another on
-# one actor although Ray had placed all four.
-MAX_STEPS, EVAL_EVERY = 2400, 800
+TRIALS = 2
+# Trials long enough (~8 s here, each on a core of its own) to outlast the start of the other
+# trial's actor (both start together: 0.03-0.4 s apart here; four on 2 cores were 10-15 s
+# apart): Tune hands a pending trial the actor of a trial that just ended when its own is
+# still starting, so 12-step trials (~1 s) ran one after another on one actor although Ray
+# had placed them all.
+MAX_STEPS, EVAL_EVERY = 1600, 800
 
 DRIVER = """
 import sys
@@ -41,17 +44,17 @@ run_experiment(load_experiment(sys.argv[1]), source=sys.argv[1], progress_interv
 """
 
 
-def test_four_trials_share_one_gpu_at_a_time(tmp_path):
+def test_two_trials_share_one_gpu_at_a_time(tmp_path):
     path = tiny_experiment(
         tmp_path,
-        space={"method.lr_prompt": {"grid": [0.1, 0.2, 0.3, 0.5]}},
+        space={"method.lr_prompt": {"grid": [0.1, 0.3]}},
         train={"max_steps": MAX_STEPS, "eval_every": EVAL_EVERY},
         search={"num_samples": TRIALS, "scheduler": {"type": "none"}},
-        resources={"gpus_per_worker": 0.25, "cpus_per_worker": 0.5},
+        resources={"gpus_per_worker": 0.5, "cpus_per_worker": 0.5},
     )
     proc = run_driver(DRIVER, path, tmp_path)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    plan = "4 trials, 4 at a time (each 0.5 CPU and 0.25 GPU: 4 trials share a GPU)"
+    plan = "2 trials, 2 at a time (each 0.5 CPU and 0.5 GPU: 2 trials share a GPU)"
     assert plan in proc.stdout, proc.stdout
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
