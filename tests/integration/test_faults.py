@@ -184,10 +184,12 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
 
 
+@pytest.mark.usefixtures("shared_ray")  # nothing here is about Ray's start or stop
 @pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
 def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path, packed):
     """Packed: both trials train in one pack (one prompt length: the registry seats them
-    together); the diverging member fails alone, its pack mate goes on to the end."""
+    together); the diverging member fails alone, its pack mate goes on to the end. The
+    searches join this pytest process's Ray, as a cluster's driver does."""
     path = tiny_experiment(
         tmp_path,
         train={"warmup_ratio": 0.0},
