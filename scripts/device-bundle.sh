@@ -94,7 +94,7 @@ quiet_pip() {  # this machine's pip config names index folders that may be absen
 
 wheel_of() {  # the cached wheel of NAME==VERSION
   local spec=$1 name version
-  name=$(echo "${spec%%==*}" | tr '-' '_'); version=${spec##*==}
+  name=${spec%%==*}; name=${name//-/_}; version=${spec##*==}
   find "$CACHE" -maxdepth 1 -iname "${name}-${version}-*.whl" | head -1
 }
 
