@@ -27,13 +27,18 @@
 #       server a previous `ray up` started and stops by itself when this node's Ray stops
 #       (`ray down`). Fails, showing its log, when it does not answer in 60 s.
 #
-# The cluster's stores: ~/.raypeft/cluster.env (shipped from your laptop by the launcher's
-# file mounts, cluster/cluster.env.example shows it) is read by every command here, so every
-# Ray process of every node, the job drivers and the trials included, has it in its
-# environment: where the MLflow server keeps runs and artefacts, the Optuna study's database
-# (RAYPEFT_SEARCH_STORAGE), Ray Tune's storage (RAYPEFT_STORAGE_PATH), the S3 endpoint and
-# credentials where there is no instance profile. Empty: sqlite on the head's disk.
-#
+# The cluster's stores and secrets: ~/.raypeft/cluster.env (shipped from your laptop by the
+# launcher's file mounts, mode 0600, else every command here refuses it; cluster/cluster.env.example
+# shows it) names where the MLflow server keeps runs and artefacts, the Optuna study's
+# database (RAYPEFT_SEARCH_STORAGE), Ray Tune's storage (RAYPEFT_STORAGE_PATH), and the S3
+# endpoint and credentials where there is no instance profile. Empty: sqlite on the head.
+# Its database lines (HEAD_ONLY below) stay on the head: `ray start --head` moves them into
+# ~/.raypeft/head.env (0600), which no file mount ships, and leaves the rest in cluster.env,
+# the copy the head's autoscaler ships to the workers. So a worker's disk and its processes
+# (trials included) never hold a database password. On the head, the MLflow server reads
+# head.env into its own environment; Ray's processes get only its path
+# (RAYPEFT_SECRETS_FILE), which `raypeft` reads when it starts: the job driver, the only
+# other writer, takes the Optuna database from it.
 # The node's address (what Ray binds) is the address the launcher reached it at over SSH
 # (the server side of $SSH_CONNECTION): provider.head_ip / worker_ips on your own machines,
 # the private address on EC2 (the public one is NAT, never seen by the instance).
@@ -46,13 +51,13 @@
 #   DASHBOARD_METRIC_PORT=44227 AUTOSCALER_METRIC_PORT=44217
 set -euo pipefail
 
-CLUSTER_ENV=~/.raypeft/cluster.env
-if [ -f "$CLUSTER_ENV" ]; then
-  set -a # every assignment in it exported
-  # shellcheck source=/dev/null
-  . "$CLUSTER_ENV"
-  set +a
-fi
+CLUSTER_ENV=~/.raypeft/cluster.env # from the laptop; on a worker, the head's split copy
+HEAD_ENV=~/.raypeft/head.env         # the head's alone: never a file mount
+# What only the head's writers (MLflow server, job driver) need: the database URIs, and the
+# server's artefact destination.
+HEAD_ONLY="MLFLOW_BACKEND_STORE_URI|RAYPEFT_SEARCH_STORAGE|MLFLOW_ARTIFACTS_DESTINATION"
+# The first line of a cluster.env the head has split: a fresh copy from the laptop lacks it.
+SPLIT_MARK="# split by node.sh on the head: its database lines are in ~/.raypeft/head.env"
 
 REPO=~/raypeft
 STATE=~/raypeft-state
@@ -73,6 +78,61 @@ node_ip() {
     echo "node.sh: no node address: not run over SSH and RAYPEFT_NODE_IP unset" >&2
     exit 2
   fi
+}
+
+# A file of secrets that others can read is refused, naming the fix (rsync keeps the laptop's
+# mode, so the fix is made there).
+refuse_readable() {
+  local file=$1 mode
+  [ -f "$file" ] || return 0
+  mode=$(stat -c %a "$file")
+  if (((8#$mode & 8#077) != 0)); then
+    echo "node.sh: $file is mode $mode (readable by others) and holds the cluster's" \
+      "passwords: run chmod 600 ~/.raypeft/cluster.env on your laptop, then ray up again" >&2
+    exit 2
+  fi
+}
+
+# Export every assignment of an env file (no-op when it is absent).
+export_from() {
+  [ -f "$1" ] || return 0
+  set -a
+  # shellcheck source=/dev/null
+  . "$1"
+  set +a
+}
+
+# The head only, before its Ray starts (so before its autoscaler ships cluster.env to any
+# worker): a cluster.env fresh from the laptop is split, its HEAD_ONLY lines into head.env
+# and the rest kept in cluster.env under SPLIT_MARK. An already split one (a `ray up` that
+# found the file mounts unchanged) is left as it is, and so is head.env.
+split_head_secrets() {
+  refuse_readable "$CLUSTER_ENV"
+  [ -f "$CLUSTER_ENV" ] || return 0
+  if [ "$(head -n 1 "$CLUSTER_ENV")" = "$SPLIT_MARK" ]; then return 0; fi
+  local pattern="^[[:space:]]*(export[[:space:]]+)?($HEAD_ONLY)="
+  (
+    umask 077
+    grep -E "$pattern" "$CLUSTER_ENV" > "$HEAD_ENV.new" || true
+    { echo "$SPLIT_MARK"; grep -vE "$pattern" "$CLUSTER_ENV" || true; } > "$CLUSTER_ENV.new"
+  )
+  mv "$HEAD_ENV.new" "$HEAD_ENV"
+  mv "$CLUSTER_ENV.new" "$CLUSTER_ENV"
+}
+
+# A worker: never a HEAD_ONLY line in its environment, even from a cluster.env that was not
+# split by a head (a copy made by hand).
+export_worker_env() {
+  refuse_readable "$CLUSTER_ENV"
+  [ -f "$CLUSTER_ENV" ] || return 0
+  local pattern="^[[:space:]]*(export[[:space:]]+)?($HEAD_ONLY)="
+  if grep -qE "$pattern" "$CLUSTER_ENV"; then
+    echo "node.sh: $CLUSTER_ENV on a worker holds database lines; they are not exported" >&2
+  fi
+  set -a
+  # shellcheck source=/dev/null
+  . <(grep -vE "$pattern" "$CLUSTER_ENV" || true)
+  set +a
 }
 
 line_in_bashrc() { grep -qxF "$1" ~/.bashrc 2>/dev/null || echo "$1" >> ~/.bashrc; }
@@ -126,12 +186,22 @@ setup() {
 }
 
 ray_start() {
-  local ip
+  local ip head=false
+  if [[ " $* " == *" --head "* ]]; then head=true; fi
+  # the stores' settings first: a file refused stops the node before anything is stopped
+  if $head; then
+    split_head_secrets
+    export_from "$CLUSTER_ENV"
+    # the path, not the secrets: `raypeft` (the job driver) reads the file when it starts
+    if [ -f "$HEAD_ENV" ]; then export RAYPEFT_SECRETS_FILE=$HEAD_ENV; fi
+  else
+    export_worker_env
+  fi
   ip=$(node_ip)
   ray stop
   ulimit -n 65536 || true
   export RAY_AUTH_MODE=token # GCS, dashboard and job API accept only callers with the token
-  if [[ " $* " == *" --head "* ]]; then
+  if $head; then
     # The job drivers (raypeft tune) record into the head's MLflow server by default.
     export MLFLOW_TRACKING_URI=${MLFLOW_TRACKING_URI:-http://127.0.0.1:$MLFLOW_PORT}
     # The dashboard and job API on the head's loopback only: `ray dashboard CLUSTER.yaml`
@@ -149,7 +219,10 @@ ray_start() {
 # The server's process group, led by this script (`node.sh mlflow serve`): it ends the server
 # when this node's Ray is gone (`ray down`, or the `ray stop` of the next `ray up`).
 mlflow_serve() {
-  local destination=$1
+  # the server's own environment: the stores' settings, the database URI among them
+  export_from "$CLUSTER_ENV"
+  export_from "$HEAD_ENV"
+  local destination=${1:-${MLFLOW_ARTIFACTS_DESTINATION:-$STATE/mlartifacts}}
   echo $$ > "$STATE/mlflow.pid"
   # The store's URI (it may hold a password) reaches the server through its environment,
   # never its command line. --allowed-hosts: the Host headers MLflow answers (its
@@ -169,7 +242,7 @@ mlflow_serve() {
 }
 
 mlflow_start() {
-  local destination=${1:-${MLFLOW_ARTIFACTS_DESTINATION:-$STATE/mlartifacts}}
+  local destination=${1:-} # empty: head.env's MLFLOW_ARTIFACTS_DESTINATION (mlflow_serve)
   local url="http://127.0.0.1:$MLFLOW_PORT"
   mkdir -p "$STATE"
   echo "$url" > "$STATE/tracking_uri"

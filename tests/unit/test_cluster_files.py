@@ -15,6 +15,8 @@ from __future__ import annotations
 import copy
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import click
@@ -249,14 +251,93 @@ def test_mlflow_binds_the_heads_loopback():
 
 
 def test_every_node_command_reads_the_clusters_stores():
-    """~/.raypeft/cluster.env is shipped to every node and read before any node command."""
+    """~/.raypeft/cluster.env is shipped to every node and read by every node command that
+    starts a server: Ray (head and workers) and the head's MLflow server."""
     for config in (load(AWS), load(LOCAL)):
         assert config["file_mounts"]["~/.raypeft/cluster.env"] == "~/.raypeft/cluster.env"
-    script = node_script()
-    assert script.index('. "$CLUSTER_ENV"') < script.index('case "${1:-} ${2:-}" in')
+        assert "~/.raypeft/head.env" not in config["file_mounts"]  # the head's alone
+    assert "split_head_secrets" in script_function("ray_start")
+    assert "export_worker_env" in script_function("ray_start")
+    assert 'export_from "$HEAD_ENV"' in script_function("mlflow_serve")
     example = (REPO / "cluster" / "cluster.env.example").read_text()
     for key in ("MLFLOW_BACKEND_STORE_URI=postgresql+psycopg://", "RAYPEFT_STORAGE_PATH=s3://"):
         assert key in example
+
+
+SECRET = "s3cr3t-pw"
+CLUSTER_ENV = (
+    f"MLFLOW_BACKEND_STORE_URI=postgresql+psycopg://mlflow:{SECRET}@db:5432/mlflow\n"
+    "MLFLOW_ARTIFACTS_DESTINATION=s3://bucket/mlflow-artifacts\n"
+    f"export RAYPEFT_SEARCH_STORAGE=postgresql+psycopg://optuna:{SECRET}@db:5432/optuna\n"
+    "RAYPEFT_STORAGE_PATH=s3://bucket/ray_results\n"
+    "AWS_ENDPOINT_URL=http://127.0.0.1:9\n"
+)
+
+
+def node_sh(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """cluster/node.sh in ``home`` with a `ray` that writes the environment it was given to
+    ~/ray.env (for `ray start`) instead of starting anything."""
+    fake = home / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "ray").write_text('#!/bin/sh\n[ "$1" = start ] && env > "$HOME/ray.env"\nexit 0\n')
+    (fake / "ray").chmod(0o755)
+    base = {"HOME": str(home), "PATH": f"{fake}:/usr/bin:/bin", "RAYPEFT_NODE_IP": "10.0.0.1"}
+    return subprocess.run(
+        ["bash", str(NODE), *args], env={**base, **env}, capture_output=True, text=True
+    )
+
+
+def test_database_lines_stay_on_the_head_and_out_of_its_ray(tmp_path):
+    """The head splits the laptop's cluster.env: database lines into head.env (0600, no file
+    mount), the rest kept for the workers; its Ray gets the file's path, not the secrets; a
+    worker given that copy exports no database line."""
+    head, worker = tmp_path / "head", tmp_path / "worker"
+    (head / ".raypeft").mkdir(parents=True)
+    env_file = head / ".raypeft" / "cluster.env"
+    env_file.write_text(CLUSTER_ENV)
+    env_file.chmod(0o600)
+    started = node_sh(head, "ray", "start", "--head")
+    assert started.returncode == 0, started.stderr
+    head_env = head / ".raypeft" / "head.env"
+    assert oct(head_env.stat().st_mode & 0o777) == "0o600"
+    assert SECRET in head_env.read_text() and "s3://bucket/mlflow-artifacts" in head_env.read_text()
+    assert SECRET not in env_file.read_text() and "RAYPEFT_STORAGE_PATH" in env_file.read_text()
+    ray_env = (head / "ray.env").read_text()
+    assert SECRET not in ray_env
+    assert f"RAYPEFT_SECRETS_FILE={head_env}" in ray_env.splitlines()
+    assert "RAYPEFT_STORAGE_PATH=s3://bucket/ray_results" in ray_env.splitlines()
+    # a second `ray up` that found the file mounts unchanged: the split copy is kept, and so
+    # is head.env
+    assert node_sh(head, "ray", "start", "--head").returncode == 0
+    assert SECRET in head_env.read_text()
+
+    # a worker, with the head's copy (what the head's autoscaler ships)
+    (worker / ".raypeft").mkdir(parents=True)
+    shutil.copy2(env_file, worker / ".raypeft" / "cluster.env")
+    joined = node_sh(worker, "ray", "start", RAY_HEAD_IP="10.0.0.2")
+    assert joined.returncode == 0, joined.stderr
+    ray_env = (worker / "ray.env").read_text()
+    assert SECRET not in ray_env and "RAYPEFT_SECRETS_FILE" not in ray_env
+    assert "AWS_ENDPOINT_URL=http://127.0.0.1:9" in ray_env.splitlines()
+    # a worker given the laptop's whole file by hand still exports no database line
+    (worker / ".raypeft" / "cluster.env").write_text(CLUSTER_ENV)
+    joined = node_sh(worker, "ray", "start", RAY_HEAD_IP="10.0.0.2")
+    assert joined.returncode == 0 and "not exported" in joined.stderr
+    assert SECRET not in (worker / "ray.env").read_text()
+
+
+@pytest.mark.parametrize("command", [["ray", "start", "--head"], ["ray", "start"]])
+def test_a_cluster_env_others_can_read_is_refused(tmp_path, command):
+    (tmp_path / ".raypeft").mkdir()
+    env_file = tmp_path / ".raypeft" / "cluster.env"
+    env_file.write_text(CLUSTER_ENV)
+    env_file.chmod(0o644)
+    refused = node_sh(tmp_path, *command, RAY_HEAD_IP="10.0.0.2")
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert str(env_file) in line and "chmod 600 ~/.raypeft/cluster.env" in line, line
+    assert not (tmp_path / "ray.env").exists()  # nothing started
+    assert not (tmp_path / ".raypeft" / "head.env").exists()
 
 
 # ----------------------------------------------------------------------------- node types
