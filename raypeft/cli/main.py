@@ -29,6 +29,8 @@ from raypeft.cli import (
     validate,
 )
 from raypeft.cli.options import EXIT_USER_ERROR, error_line
+from raypeft.config.secrets_file import load_secrets_file
+from raypeft.errors import ConfigError
 
 
 class OneLineErrors(click.Group):
@@ -62,6 +64,11 @@ class OneLineErrors(click.Group):
 @click.version_option(package_name="raypeft")
 def main() -> None:
     """Distributed hyperparameter search for prompt-based PEFT (Ray Tune + Optuna + MLflow)."""
+    try:  # a cluster head's database URIs (cluster/node.sh): this process's alone
+        load_secrets_file()
+    except ConfigError as exc:
+        click.echo(error_line(str(exc)), err=True)
+        sys.exit(EXIT_USER_ERROR)
 
 
 for _module in (
