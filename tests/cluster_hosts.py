@@ -36,12 +36,20 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 LOGIN = "raypeft"  # the launcher's auth.ssh_user: one name on every host
+# Each host's sshd listens on a port of its own, not 22: an ordinary Linux host runs its own
+# sshd on 0.0.0.0:22, which answers every 127.0.0.x:22 (and keeps a host's sshd from binding
+# it). Every ssh client of the cluster (the laptop's `ray up`, the head's autoscaler, the
+# tests) finds the port in its ssh config (:func:`ssh_config`), as a team with SSH on
+# another port writes it.
+SSH_PORT_BASE = 22000
 HOME_INSIDE = Path("/home") / LOGIN  # where each host sees its own home folder
 SSH_OPTIONS = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
 SSH_OPTIONS += ["-o", "IdentitiesOnly=yes", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes"]
@@ -82,6 +90,16 @@ while True:
     if pid == sshd.pid:
         end()
 """
+
+
+def ssh_port(address: str) -> int:
+    """The port of the sshd of the host at ``address`` (127.0.0.N: 22000 + N)."""
+    return SSH_PORT_BASE + int(address.rsplit(".", 1)[1])
+
+
+def ssh_config(addresses: list[str]) -> str:
+    """An ssh client config naming each host's port (a user's ~/.ssh/config)."""
+    return "".join(f"Host {a}\n  Port {ssh_port(a)}\n" for a in addresses)
 
 
 @dataclass
@@ -142,7 +160,8 @@ class Host:
         import shlex
 
         return subprocess.run(
-            ["ssh", "-i", str(key), *SSH_OPTIONS, f"{LOGIN}@{self.address}"]
+            ["ssh", "-i", str(key), *SSH_OPTIONS, "-p", str(ssh_port(self.address))]
+            + [f"{LOGIN}@{self.address}"]
             + [f"bash --login -c -i {shlex.quote('source ~/.bashrc; ' + command)}"],
             capture_output=True,
             text=True,
@@ -185,7 +204,7 @@ def _passwd(uid: int) -> str:
 
 def _sshd_config(root: Path, address: str) -> str:
     return (
-        f"ListenAddress {address}:22\nHostKey {root / 'host_key'}\nPidFile none\n"
+        f"ListenAddress {address}:{ssh_port(address)}\nHostKey {root / 'host_key'}\nPidFile none\n"
         f"AllowUsers {LOGIN}\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n"
         "PubkeyAuthentication yes\nUsePAM no\nPermitRootLogin no\nAllowTcpForwarding yes\n"
         # the host folders are made by root under a folder of the test's: not the home's
@@ -195,22 +214,43 @@ def _sshd_config(root: Path, address: str) -> str:
 
 
 def _wait_for_sshd(address: str, init: psutil.Process, log: Path) -> None:
+    """Until the host's own sshd listens on its address and port: the listener is a process
+    of the host's namespace (another sshd answering there would be the machine's)."""
+    namespace = os.readlink(f"/proc/{init.pid}/ns/pid")
+    port = ssh_port(address)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and init.is_running():
-        with socket.socket() as sock:
-            if sock.connect_ex((address, 22)) == 0:
-                return
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status != psutil.CONN_LISTEN or conn.laddr.port != port:
+                continue
+            if conn.laddr.ip not in (address, "0.0.0.0", "::"):
+                continue
+            try:
+                owner = os.readlink(f"/proc/{conn.pid}/ns/pid") if conn.pid else None
+            except OSError:
+                owner = None
+            if owner != namespace:
+                raise RuntimeError(
+                    f"{address}:{port} is answered by another process (pid {conn.pid}), not "
+                    "the host's own sshd"
+                )
+            return
         time.sleep(0.2)
-    raise RuntimeError(f"sshd on {address} did not start: {log.read_text()[-500:]}")
+    raise RuntimeError(f"sshd on {address}:{port} did not start: {log.read_text()[-500:]}")
 
 
-def start_host(name: str, address: str, root: Path, uid: int, public_key: str) -> Host:
-    """A new host (see the module's docstring) whose user lets ``public_key`` log in."""
+def start_host(
+    name: str, address: str, root: Path, uid: int, public_key: str, peers: list[str]
+) -> Host:
+    """A new host (see the module's docstring) whose user lets ``public_key`` log in and
+    reaches the sshd of each of ``peers`` (addresses) at its port."""
     root.mkdir(parents=True)
     root.chmod(0o755)
     home = root / "home"
     (home / ".ssh").mkdir(parents=True)
     (home / ".ssh" / "authorized_keys").write_text(public_key)
+    (home / ".ssh" / "config").write_text(ssh_config(peers))
+    (home / ".ssh" / "config").chmod(0o600)
     (root / "tmp").mkdir(mode=0o1777)
     (root / "tmp").chmod(0o1777)
     for path in [home, home / ".ssh", *home.rglob("*")]:
@@ -256,3 +296,44 @@ def why_hosts_cannot_run() -> str | None:
     if probe.returncode != 0:
         return f"unshare --pid --mount cannot run here: {probe.stderr.decode()[-200:]}"
     return None
+
+
+@contextmanager
+def system_sshd(root: Path) -> Iterator[int | None]:
+    """An ordinary Linux host's sshd on 0.0.0.0:22 for the block, where this machine has
+    none: it answers every 127.0.0.x:22, so a cluster client that reached for port 22
+    instead of its host's own would meet it and be refused (it lets no one in). Yields its
+    pid, or None where something already listens on port 22 (the machine's own sshd)."""
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 22)) == 0:
+            yield None
+            return
+    root.mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", root / "host_key"], check=True
+    )
+    (root / "sshd_config").write_text(
+        f"ListenAddress 0.0.0.0:22\nHostKey {root / 'host_key'}\nPidFile none\n"
+        "AllowUsers nobody-logs-in-here\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nPermitRootLogin no\nUsePAM no\n"
+    )
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    sshd = subprocess.Popen(
+        ["/usr/sbin/sshd", "-D", "-e", "-f", str(root / "sshd_config")],
+        stdout=open(root / "sshd.log", "w"),  # noqa: SIM115 - the child owns it
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", 22)) == 0:
+                    break
+            if sshd.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the system-like sshd did not start: {sshd.returncode}")
+            time.sleep(0.1)
+        yield sshd.pid
+    finally:
+        sshd.terminate()
+        sshd.wait(timeout=30)

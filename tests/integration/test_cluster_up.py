@@ -39,6 +39,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -57,7 +58,10 @@ from tests.cluster_hosts import (
     SSH_OPTIONS,
     Host,
     end_hosts,
+    ssh_config,
+    ssh_port,
     start_host,
+    system_sshd,
     why_hosts_cannot_run,
 )
 from tests.helpers import TINY_SEARCH_BASE, assert_each_step_once, children, run_cli
@@ -69,6 +73,7 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 ADDRESSES = {"head": "127.0.0.2", "w1": "127.0.0.3", "w2": "127.0.0.4"}
 SPARE = "127.0.0.5"  # a host that is not in the cluster file: the token checks join it by hand
+PEERS = [*ADDRESSES.values(), SPARE]  # every host's ssh client knows every host's port
 UIDS = {"head": 20002, "w1": 20003, "w2": 20004, "spare": 20005}
 PORTS = {  # off Ray's and MLflow's defaults (another Ray may use them on this machine)
     "RAYPEFT_GCS_PORT": 26379,
@@ -97,7 +102,10 @@ DDP_TRAIN = {"max_steps": 40, "eval_every": 10, "batch_size": 8, "head_lr": 0.01
 DDP_TRAIN["backbone_dropout"] = 0
 DDP_METRICS = ("train_loss", "val_loss", "val_accuracy", "val_macro_f1")
 LOST = {"max_steps": 3000, "eval_every": 100}  # a trial that outlives a killed node
-UP_TO_DATE = "node.sh setup: ~/venv is up to date"  # what node.sh's setup says of a baked venv
+UP_TO_DATE = "node.sh setup: ~/venv is up to date"
+# cluster.env's lines node.sh keeps on the head (its HEAD_ONLY): the databases, the artefacts
+HEAD_ONLY_KEYS = ("MLFLOW_BACKEND_STORE_URI=", "RAYPEFT_SEARCH_STORAGE=")
+HEAD_ONLY_KEYS += ("MLFLOW_ARTIFACTS_DESTINATION=",)  # what node.sh's setup says of a baked venv
 
 
 def run(args, timeout=600, check=True, **kwargs) -> subprocess.CompletedProcess:
@@ -136,6 +144,7 @@ class Stores:
     mlflow_db: str
     optuna_db: str
     s3_env: dict
+    password: str  # the PostgreSQL password in both URIs: only the head's writers hold it
 
     def s3(self):
         return boto3.client("s3", **_boto_args(self.s3_env))
@@ -172,6 +181,7 @@ class Cluster:
     stores: Stores
     wheels: Path
     timings: dict = field(default_factory=dict)
+    baked_setups: int = 0  # setups that found the image's venv up to date, at `ray up`
 
     def ray(self, *args, timeout=900, check=True) -> subprocess.CompletedProcess:
         started = time.monotonic()
@@ -194,6 +204,17 @@ class Cluster:
 
     def down(self) -> None:
         self.ray("down", "-y", self.config)
+
+    def wait_for_jobs(self, timeout: float = 600) -> None:
+        """Until no submitted job runs: a search's driver writes its last records (the
+        registry, the report) after its parent run is marked FINISHED."""
+        deadline = time.monotonic() + timeout
+        while True:
+            out = self.ray("job", "list", "--address", DASHBOARD, "--log-style", "record").stdout
+            if not re.search(r"status=<?JobStatus\.(RUNNING|PENDING)|'(RUNNING|PENDING)'", out):
+                return
+            assert time.monotonic() < deadline, out[-3000:]
+            time.sleep(2)
 
     def alive_nodes(self) -> dict[str, str]:
         """Node id -> address of every ALIVE node, from Ray's state API on the head."""
@@ -324,9 +345,19 @@ def _laptop(work: Path, stores: Stores) -> tuple[Path, dict]:
     env_file = home / ".raypeft" / "cluster.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in cluster_env.items()))
     env_file.chmod(0o600)
+    # the hosts' SSH ports, in the laptop's ssh config; OpenSSH reads the config of the
+    # user's passwd home, not $HOME, so the laptop's `ssh` (the launcher's and rsync's) is
+    # told where its home's config is
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "config").write_text(ssh_config(PEERS))
+    (home / "bin").mkdir()
+    (home / "bin" / "ssh").write_text(
+        f'#!/bin/sh\nexec {shutil.which("ssh")} -F "$HOME/.ssh/config" "$@"\n'
+    )
+    (home / "bin" / "ssh").chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "MLFLOW_", "AWS_"))}
     env.update(HOME=str(home), RAY_TMPDIR=str(work / "launcher"), RAY_AUTH_MODE="token")
-    env.update(PATH=f"{BIN}:{env['PATH']}", RAY_USAGE_STATS_ENABLED="0")
+    env.update(PATH=f"{home / 'bin'}:{BIN}:{env['PATH']}", RAY_USAGE_STATS_ENABLED="0")
     (work / "launcher").mkdir()
     run([BIN / "ray", "get-auth-token", "--generate"], env=env)
     return checkout, env
@@ -365,10 +396,17 @@ def cluster():
         hosts: dict[str, Host] = {}
         timings: dict = {}
         try:
-            with postgres_server(work) as pg, s3_server(work) as s3:
+            with (
+                system_sshd(work / "system-sshd"),
+                postgres_server(work) as pg,
+                s3_server(work) as s3,
+            ):
                 s3.create_bucket(BUCKET)
                 stores = Stores(
-                    pg.create_database("mlflow"), pg.create_database("optuna"), dict(s3.env)
+                    pg.create_database("mlflow"),
+                    pg.create_database("optuna"),
+                    dict(s3.env),
+                    pg.password,
                 )
                 started = time.monotonic()
                 wheels = node_wheels()
@@ -376,7 +414,7 @@ def cluster():
                 run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", work / "id"])
                 public = (work / "id.pub").read_text()
                 for name, address in ADDRESSES.items():
-                    hosts[name] = start_host(name, address, work / name, UIDS[name], public)
+                    hosts[name] = start_host(name, address, work / name, UIDS[name], public, PEERS)
                     _prepare(hosts[name], wheels, AGENT_PORTS[name])
                 checkout, env = _laptop(work, stores)
                 cluster = Cluster(
@@ -398,6 +436,7 @@ def cluster():
                 started = time.monotonic()
                 cluster.wait_for_nodes(3)
                 timings["workers joined after up"] = [round(time.monotonic() - started)]
+                cluster.baked_setups = cluster.setups_up_to_date()
                 yield cluster
         finally:
             # no `ray down` (test_a_new_head_... runs it): ending a host ends all it runs
@@ -411,17 +450,25 @@ def cluster():
 # ----------------------------------------------------------------------------- helpers
 
 
-def role(proc: psutil.Process) -> str:
+def role(proc: psutil.Process, host: Host) -> str:
     """What a process of a cluster host is, in the words of docs/security.md's table."""
     try:
         name, command = proc.name(), " ".join(proc.cmdline())
-        lineage = " ".join(" ".join(p.cmdline()) for p in [proc, *proc.parents()])
+        # its ancestors in the host, up to the host's init (beyond it: pytest's own)
+        ancestors = []
+        for parent in proc.parents():
+            if parent.pid == host.init.pid:
+                break
+            ancestors.append(parent)
+        lineage = " ".join(" ".join(p.cmdline()) for p in [proc, *ancestors])
     except psutil.NoSuchProcess:
         return "gone"
     if name in ("gcs_server", "raylet") or name.startswith("sshd"):
         return name.split(":")[0]
     if "mlflow" in lineage:  # the server and the workers it spawns
         return "mlflow server"
+    if "raypeft tune" in command:  # the job's entrypoint (`ray job submit -- raypeft tune`)
+        return "job driver"
     for marker, label in (
         ("DashboardAgent", "dashboard agent"),
         ("dashboard/agent.py", "dashboard agent"),
@@ -453,12 +500,12 @@ def listening(host: Host) -> dict[tuple[str, str], str]:
         kind = {"127.0.0.1": "loopback", host.address: "node", "0.0.0.0": "wildcard"}.get(ip)
         kind = kind or ("wildcard" if ip == "::" else ip)
         proc = pids[conn.pid]
-        if role(proc) != "sshd":
+        if role(proc, host) != "sshd":
             try:
                 command = " ".join(proc.cmdline())[:300]
             except psutil.NoSuchProcess:
                 command = "gone"
-            found[(role(proc), kind)] = f"{proc.pid} :{conn.laddr.port} {command}"
+            found[(role(proc, host), kind)] = f"{proc.pid} :{conn.laddr.port} {command}"
     return found
 
 
@@ -493,9 +540,84 @@ def the_search(client: MlflowClient, name: str):
     return parent, children(client, experiment_.experiment_id, parent.info.run_id)
 
 
+def namespace_pids(host: Host) -> set[int]:
+    """The pids of the host's processes as the host itself numbers them (NSpid's last)."""
+    pids = set()
+    for proc in host.processes():
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            continue
+        (line,) = [x for x in status.splitlines() if x.startswith("NSpid:")]
+        pids.add(int(line.split()[-1]))
+    return pids
+
+
 def host_of(cluster: Cluster, node_id: str) -> str:
     ip = cluster.alive_nodes()[node_id]
     return next(name for name, address in ADDRESSES.items() if address == ip)
+
+
+def trials_on(host: Host) -> list[psutil.Process]:
+    """The host's Ray worker processes busy with a task or actor (a trial, on a worker)."""
+    found = []
+    for proc in host.user_processes():
+        try:
+            title = " ".join(proc.cmdline())
+        except psutil.NoSuchProcess:
+            continue
+        if title.startswith("ray::") and not title.startswith("ray::IDLE"):
+            found.append(proc)
+    return found
+
+
+@dataclass
+class Seen:
+    """One process of a host as read while a search ran: its role, command line, environment."""
+
+    role: str
+    command: str
+    environ: dict
+
+
+@dataclass
+class Busy:
+    """placed.yaml run as a job, and every host's processes read while both trials trained."""
+
+    output: str  # what `ray job submit` printed
+    processes: dict[str, list[Seen]]  # host name -> its processes
+
+
+def read_processes(host: Host) -> list[Seen]:
+    seen = []
+    for proc in host.processes():
+        try:
+            seen.append(Seen(role(proc, host), " ".join(proc.cmdline()), proc.environ()))
+        except psutil.NoSuchProcess:
+            continue
+    return seen
+
+
+@pytest.fixture(scope="module")
+def busy(cluster) -> Busy:
+    """The search every test that needs one finished search shares (the champion of
+    EXPERIMENT among it): submitted as a job, naming no store, and while both its trials
+    train on the workers, every host's processes are read."""
+    submitted = {}
+    job = threading.Thread(target=lambda: submitted.update(proc=cluster.submit("placed.yaml")))
+    job.start()
+    processes = None
+    try:
+        while job.is_alive() and processes is None:
+            if all(trials_on(cluster.hosts[name]) for name in ("w1", "w2")):
+                processes = {name: read_processes(h) for name, h in cluster.hosts.items()}
+            time.sleep(0.2)
+    finally:
+        job.join()
+    assert "proc" in submitted, "the job's submission raised"
+    # catches: trials too short to be seen at work (the reads would prove nothing)
+    assert processes is not None, submitted["proc"].stdout[-3000:]
+    return Busy(submitted["proc"].stdout, processes)
 
 
 # ----------------------------------------------------------------------------- tests
@@ -508,7 +630,13 @@ def test_workers_join_through_the_launcher_and_each_host_sees_only_itself(cluste
     assert status.returncode == 0, status.stderr[-2000:]
     assert re.search(r"Active:\n\s*3 local\.cluster\.node\n", status.stdout), status.stdout
     # catches: CPUs on the head (trials would land there) or a worker's CPUs not its own 1
-    assert re.search(r"\s0\.0/2\.0 CPU\n", status.stdout), status.stdout
+    out = cluster.ray("list", "nodes", "--address", DASHBOARD, "--format", "json", "--detail")
+    cpus = {
+        n["node_ip"]: n["resources_total"].get("CPU", 0)
+        for n in json.loads(out.stdout[out.stdout.index("[") :])
+        if n["state"] == "ALIVE"
+    }
+    assert cpus == {ADDRESSES["head"]: 0, ADDRESSES["w1"]: 1, ADDRESSES["w2"]: 1}, cpus
     # catches: a worker that joined with another node's address, or a node counted twice
     assert sorted(nodes.values()) == sorted(ADDRESSES.values()), nodes
     for name in ("w1", "w2"):
@@ -519,7 +647,9 @@ def test_workers_join_through_the_launcher_and_each_host_sees_only_itself(cluste
         command = raylet.cmdline()
         assert f"--node_ip_address={host.address}" in command, command
         assert any(a.endswith(f"-address={GCS}") for a in command), command
-        assert raylet.environ().get("RAY_AUTH_MODE") == "token"  # catches: joined without auth
+        # catches: a raylet started without node.sh's token setting (that a node without the
+        # token is refused: test_a_node_joins_only_with_the_clusters_token)
+        assert raylet.environ().get("RAY_AUTH_MODE") == "token"
         assert not host.named("gcs_server")  # catches: a worker that started a head of its own
         # catches: the workers' file mounts not shipped (the repository, the token, the stores)
         assert (host.home / "raypeft" / "cluster" / "node.sh").is_file()
@@ -527,18 +657,32 @@ def test_workers_join_through_the_launcher_and_each_host_sees_only_itself(cluste
         assert (host.home / ".ray" / "auth_token").read_text() == (
             laptop / ".ray" / "auth_token"
         ).read_text()
-        assert (host.home / ".raypeft" / "cluster.env").read_text() == (
-            laptop / ".raypeft" / "cluster.env"
-        ).read_text()
+        # the stores' file as the head split it: the laptop's lines but the databases'
+        shipped = (host.home / ".raypeft" / "cluster.env").read_text().splitlines()
+        laptop_lines = (laptop / ".raypeft" / "cluster.env").read_text().splitlines()
+        assert shipped[1:] == [
+            line for line in laptop_lines if not line.startswith(HEAD_ONLY_KEYS)
+        ], shipped
         # the worker's venv, raypeft in it (baked: _bake_venv)
         assert (host.home / "venv" / "bin" / "raypeft").is_file()
     # catches: setup_commands not run on a worker: the head's autoscaler ran node.sh's setup
-    # on each, which found the image's venv up to date (the head's was installed in full)
-    assert cluster.setups_up_to_date() == 2
-    # catches: hosts that share a process namespace: on w1, `ps` sees w1's processes only,
-    # and as many as this machine sees in w1's namespace
-    seen = cluster.hosts["w1"].ssh(cluster.key, "ps -e -o comm=").stdout.split()
-    assert seen.count("raylet") == 1 and "gcs_server" not in seen, seen
+    # on each, which found the image's venv up to date (the head's was installed in full);
+    # counted at `ray up`, before any other test's node came back
+    assert cluster.baked_setups == 2
+    # catches: hosts that share a process namespace: `ps` on w1 sees exactly the processes
+    # this machine sees in w1's namespace (by their pids inside it), but for the ones of its
+    # own SSH session
+    w1 = cluster.hosts["w1"]
+    before = namespace_pids(w1)
+    inside = {}
+    for line in w1.ssh(cluster.key, "ps -e -o pid=,comm=").stdout.splitlines():
+        pid, comm = line.split(None, 1)
+        inside[int(pid)] = comm
+    after = namespace_pids(w1)
+    session = {pid for pid, c in inside.items() if c.startswith("sshd") or c in ("bash", "ps")}
+    assert before & after <= set(inside), (sorted(before & after), inside)
+    assert set(inside) - session <= before | after, (inside, sorted(before | after))
+    assert list(inside.values()).count("raylet") == 1 and "gcs_server" not in inside.values()
 
 
 def test_a_node_joins_only_with_the_clusters_token(cluster, tmp_path):
@@ -546,9 +690,8 @@ def test_a_node_joins_only_with_the_clusters_token(cluster, tmp_path):
     none (refused, saying why) and, as the positive control, with the cluster's token
     (joins; then stopped on that host alone). The spare host has w2's venv (hard links: the
     same path in every host, no second install)."""
-    spare = start_host(
-        "spare", SPARE, cluster.work / "spare", UIDS["spare"], (cluster.work / "id.pub").read_text()
-    )
+    public = (cluster.work / "id.pub").read_text()
+    spare = start_host("spare", SPARE, cluster.work / "spare", UIDS["spare"], public, PEERS)
     try:
         run(["cp", "-al", cluster.hosts["w2"].home / "venv", spare.home / "venv"])
         token = (Path(cluster.env["HOME"]) / ".ray" / "auth_token").read_text().strip()
@@ -582,10 +725,9 @@ def test_a_node_joins_only_with_the_clusters_token(cluster, tmp_path):
         spare.end()
 
 
-def test_a_search_submitted_as_a_job_places_trials_on_both_workers(cluster):
-    proc = cluster.submit("placed.yaml")
+def test_a_search_submitted_as_a_job_places_trials_on_both_workers(cluster, busy):
     # catches: a job whose driver cannot reach the stores the head's environment names
-    assert "Search finished" in proc.stdout and "succeeded" in proc.stdout, proc.stdout[-3000:]
+    assert "Search finished" in busy.output and "succeeded" in busy.output, busy.output[-3000:]
     client = cluster.stores.mlflow()  # read in PostgreSQL itself, not through the server
     parent, kids = the_search(client, EXPERIMENT)
     assert parent.info.status == "FINISHED" and len(kids) == 2
@@ -662,7 +804,46 @@ def host_of_any(cluster: Cluster, node_id: str) -> str:
     return next(name for name, address in ADDRESSES.items() if address == node["node_ip"])
 
 
-def test_every_listening_socket_is_in_the_security_table(cluster):
+def test_database_passwords_stay_with_the_heads_writers(cluster, busy):
+    """Read while both trials trained: no worker process (the trials among them) has the
+    database password in its environment, no worker's disk holds it, no process of any
+    host has it on its command line, and on the head only the MLflow server and the job
+    driver may hold it."""
+    secret = cluster.stores.password
+    for name, processes in busy.processes.items():
+        for seen in processes:
+            # catches: a password on a command line (`ps` shows every user's)
+            assert secret not in seen.command, (name, seen.role, seen.command)
+    for name in ("w1", "w2"):
+        holders = [s for s in busy.processes[name] if secret in "\0".join(s.environ.values())]
+        # catches: cluster.env's database lines exported into a worker's Ray (and so trials)
+        assert not holders, (name, [(s.role, s.command[:200]) for s in holders])
+        # catches: the secrets shipped to a worker's disk (its venv is the image's, made
+        # before the cluster had secrets: left out, 2 GB)
+        found = run(
+            ["grep", "-rlsF", "--exclude-dir=venv", secret, cluster.hosts[name].home]
+            + [cluster.hosts[name].root / "tmp"],
+            check=False,
+        )
+        assert found.returncode == 1 and not found.stdout, found.stdout
+    # the trials were among the processes read: each worker ran one
+    for name in ("w1", "w2"):
+        assert any(s.command.startswith("ray::") for s in busy.processes[name]), name
+    head = busy.processes["head"]
+    holders = {s.role for s in head if secret in "\0".join(s.environ.values())}
+    # catches: the database URIs in the head's Ray (every Ray process there would have them)
+    assert holders <= {"mlflow server", "job driver"} and "mlflow server" in holders, holders
+    # the driver got the path of the head's secrets file, not the secrets (node.sh)
+    drivers = [s for s in head if s.role == "job driver"]
+    assert drivers and all("RAYPEFT_SECRETS_FILE" in s.environ for s in drivers)
+    head_env = cluster.hosts["head"].home / ".raypeft" / "head.env"
+    assert head_env.stat().st_mode & 0o777 == 0o600 and secret in head_env.read_text()
+    for seen in psutil.process_iter(["cmdline"]):  # nor anywhere on this machine
+        assert secret not in " ".join(seen.info["cmdline"] or []), seen.info["cmdline"]
+
+
+def test_every_listening_socket_is_in_the_security_table(cluster, busy):
+    """After a search (so that the nodes have the worker processes it left): every socket."""
     table = socket_table()
     seen = {}
     for name, host in cluster.hosts.items():
@@ -769,17 +950,23 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
     node_config gets on a cloud) with a code change: every run, artefact and trial is still
     there, and `--resume` finishes the interrupted search."""
     client = cluster.stores.mlflow()
+    cluster.wait_for_jobs()  # every other search's driver has written its last record
     cluster.submit("resumed.yaml", wait=False)
     deadline = time.monotonic() + 600
-    while True:
-        assert time.monotonic() < deadline, "the search never reported"
+    while True:  # the window: the first trial finished (its model logged), the second at work
+        assert time.monotonic() < deadline, "the search never reached its second trial"
         try:
             parent, kids = the_search(client, "cluster-resumed")
         except (AttributeError, IndexError):
             kids = []
-        if any("val_accuracy" in k.data.metrics for k in kids):
+        done = [k for k in kids if k.info.status == "FINISHED"]
+        if (
+            done
+            and client.list_artifacts(done[0].info.run_id, "model")
+            and any("val_accuracy" in k.data.metrics for k in kids if k.info.status == "RUNNING")
+        ):
             break
-        time.sleep(1)
+        time.sleep(0.5)
     # catches: a test that brings the head down after the search ended (nothing to resume)
     assert client.get_run(parent.info.run_id).info.status == "RUNNING"
 
@@ -794,6 +981,7 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
         cluster.work / "head-2",
         UIDS["head"],
         (cluster.work / "id.pub").read_text(),
+        PEERS,
     )
     _prepare(cluster.hosts["head"], cluster.wheels, AGENT_PORTS["head"])
     _give_venv(cluster.hosts["head"], cluster.hosts["w1"])
@@ -826,12 +1014,16 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
         assert_each_step_once(client, kid.info.run_id, 400, 40)
     study = optuna.load_study(study_name="cluster-resumed", storage=cluster.stores.optuna_db)
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
-    # every artefact of before is still there, unchanged
+    # every artefact of before is still there, unchanged: the finished trial's model among
+    # them, logged before the head went down
     artefacts = cluster.stores.objects("mlflow-artifacts/")
-    assert all(artefacts.get(k) == v for k, v in before["artefacts"].items())
+    changed = {k: (v, artefacts.get(k)) for k, v in before["artefacts"].items()}
+    changed = {k: etags for k, etags in changed.items() if etags[0] != etags[1]}
+    assert not changed, f"artefacts changed or gone (before, after): {changed}"
+    assert any(done[0].info.run_id in k for k in before["artefacts"])
 
 
-def test_the_heads_mlflow_answers_through_an_ssh_tunnel(cluster, tmp_path):
+def test_the_heads_mlflow_answers_through_an_ssh_tunnel(cluster, busy, tmp_path):
     """The route docs/cluster.md gives: `ssh -L` to the head's loopback; report and predict
     from the laptop through it."""
     with socket.socket() as sock:
@@ -840,6 +1032,7 @@ def test_the_heads_mlflow_answers_through_an_ssh_tunnel(cluster, tmp_path):
     forward = f"{port}:127.0.0.1:{PORTS['RAYPEFT_MLFLOW_PORT']}"
     tunnel = subprocess.Popen(
         ["ssh", "-i", str(cluster.key), *SSH_OPTIONS, "-N", "-L", forward]
+        + ["-p", str(ssh_port(ADDRESSES["head"]))]
         + [f"{LOGIN}@{ADDRESSES['head']}"],
         start_new_session=True,
     )
