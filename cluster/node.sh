@@ -53,9 +53,10 @@ set -euo pipefail
 
 CLUSTER_ENV=~/.raypeft/cluster.env # from the laptop; on a worker, the head's split copy
 HEAD_ENV=~/.raypeft/head.env         # the head's alone: never a file mount
-# What only the head's writers (MLflow server, job driver) need: the database URIs, and the
-# server's artefact destination.
-HEAD_ONLY="MLFLOW_BACKEND_STORE_URI|RAYPEFT_SEARCH_STORAGE|MLFLOW_ARTIFACTS_DESTINATION"
+# What only the head's writers (MLflow server, job driver) need: the database URIs, the
+# databases' password where it is kept out of them (libpq's PGPASSWORD), and the server's
+# artefact destination.
+HEAD_ONLY="MLFLOW_BACKEND_STORE_URI|RAYPEFT_SEARCH_STORAGE|PGPASSWORD|MLFLOW_ARTIFACTS_DESTINATION"
 # The first line of a cluster.env the head has split: a fresh copy from the laptop lacks it.
 SPLIT_MARK="# split by node.sh on the head: its database lines are in ~/.raypeft/head.env"
 
