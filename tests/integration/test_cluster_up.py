@@ -465,10 +465,10 @@ def role(proc: psutil.Process, host: Host) -> str:
         return "gone"
     if name in ("gcs_server", "raylet") or name.startswith("sshd"):
         return name.split(":")[0]
-    if "mlflow" in lineage:  # the server and the workers it spawns
-        return "mlflow server"
     if "raypeft tune" in command:  # the job's entrypoint (`ray job submit -- raypeft tune`)
         return "job driver"
+    if "mlflow" in lineage:  # the server and the workers it spawns
+        return "mlflow server"
     for marker, label in (
         ("DashboardAgent", "dashboard agent"),
         ("dashboard/agent.py", "dashboard agent"),
@@ -477,8 +477,8 @@ def role(proc: psutil.Process, host: Host) -> str:
         ("dashboard/dashboard.py", "dashboard"),
         ("ray-dashboard-", "dashboard"),
         ("ray.util.client.server", "ray client server"),
-        ("monitor.py", "autoscaler"),
         ("log_monitor.py", "log monitor"),
+        ("monitor.py", "autoscaler"),
         ("ray::", "ray worker"),
         ("default_worker.py", "ray worker"),
     ):
@@ -835,7 +835,8 @@ def test_database_passwords_stay_with_the_heads_writers(cluster, busy):
     assert holders <= {"mlflow server", "job driver"} and "mlflow server" in holders, holders
     # the driver got the path of the head's secrets file, not the secrets (node.sh)
     drivers = [s for s in head if s.role == "job driver"]
-    assert drivers and all("RAYPEFT_SECRETS_FILE" in s.environ for s in drivers)
+    roles = sorted((s.role, s.command[:120]) for s in head)
+    assert drivers and all("RAYPEFT_SECRETS_FILE" in s.environ for s in drivers), roles
     head_env = cluster.hosts["head"].home / ".raypeft" / "head.env"
     assert head_env.stat().st_mode & 0o777 == 0o600 and secret in head_env.read_text()
     for seen in psutil.process_iter(["cmdline"]):  # nor anywhere on this machine
@@ -962,7 +963,12 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
         done = [k for k in kids if k.info.status == "FINISHED"]
         if (
             done
-            and client.list_artifacts(done[0].info.run_id, "model")
+            # its model's files in the bucket (the store's client cannot list an
+            # mlflow-artifacts: URI, only the head's server can)
+            and any(
+                f"{done[0].info.run_id}/artifacts/model/" in key
+                for key in cluster.stores.objects("mlflow-artifacts/")
+            )
             and any("val_accuracy" in k.data.metrics for k in kids if k.info.status == "RUNNING")
         ):
             break
