@@ -12,7 +12,8 @@ time, Ray told of C CPUs:
 Each cell runs in a fresh interpreter (its own Ray, its driver's peak memory alone) and
 appends one JSON line to ``--out`` as it ends; a cell already there is skipped (resumable).
 Stores: ``sqlite`` (embedded files) or ``postgres`` (a real server this benchmark starts,
-``tests/servers.py``; one fresh database per cell for MLflow and one for Optuna).
+:mod:`benchmarks.common.servers`; one fresh database per cell for MLflow and one for Optuna;
+where PostgreSQL cannot run, one line says why before any cell runs, exit code 2).
 
     python -m benchmarks.platform_overhead --sizes 10,100,1000 --concurrency 2,8,32 \\
         --stores sqlite,postgres --out benchmarks/results/platform_overhead.jsonl
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.servers import ServerUnavailable, postgres_runnable, postgres_server
 
 LAYERS = ("tune", "tune_optuna", "raypeft")
 NAME = "overhead"  # the raypeft layer's experiment
@@ -235,8 +237,6 @@ def stores(kind: str, work: Path) -> Iterator[Any]:
             f"sqlite:///{work / name / 'optuna.db'}",
         )
         return
-    from tests.servers import postgres_server  # why: the real server the tests start
-
     with postgres_server(work) as server:
         yield lambda name: (
             server.create_database(f"mlflow_{name}"),
@@ -393,7 +393,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.cell:
         print(json.dumps(run_cell(json.loads(args.cell))), flush=True)
         return
-    run_grid(args)
+    try:
+        if "postgres" in args.stores:
+            postgres_runnable()  # before the first cell, not after an hour of sqlite ones
+        run_grid(args)
+    except ServerUnavailable as exc:
+        print(f"error: --stores postgres: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     rows = [json.loads(ln) for ln in Path(args.out).read_text().splitlines() if ln.strip()]
     print("\n".join(growth(rows) + paces(rows) + ratios(rows)))
 
