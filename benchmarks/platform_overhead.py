@@ -245,14 +245,15 @@ def stores(kind: str, work: Path) -> Iterator[Any]:
 
 
 def measure(cell: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one cell in a fresh interpreter; its JSON line, or what went wrong."""
+    """Run one cell in a fresh interpreter; its JSON line, or what went wrong. The cell goes
+    on its standard input, not its command line: its store URLs hold the database's password."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0",
            "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
            "RAY_AUTH_MODE": "disabled"}  # fmt: skip
-    cmd = [sys.executable, "-m", "benchmarks.platform_overhead", "--cell", json.dumps(cell)]
+    cmd = [sys.executable, "-m", "benchmarks.platform_overhead", "--cell"]
     try:
-        proc = subprocess.run(cmd, cwd=cell["work"], env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        proc = subprocess.run(cmd, cwd=cell["work"], env=env, input=json.dumps(cell),
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {**{k: cell[k] for k in ("store", "concurrency", "size", "layer")},
                 "error": f"timed out after {timeout:.0f} s"}  # fmt: skip
@@ -384,14 +385,15 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=names, default=list(LAYERS))
     parser.add_argument("--out", default=str(RESULTS / "platform_overhead.jsonl"))
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per cell")
-    parser.add_argument("--cell", help=argparse.SUPPRESS)  # one cell, in a fresh interpreter
+    # one cell (JSON on stdin), in a fresh interpreter
+    parser.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.cell:
-        print(json.dumps(run_cell(json.loads(args.cell))), flush=True)
+        print(json.dumps(run_cell(json.loads(sys.stdin.read()))), flush=True)
         return
     try:
         if "postgres" in args.stores:

@@ -22,7 +22,9 @@ included; moto ~1.5 s). benchmarks.platform_overhead starts PostgreSQL; the test
 (tests/servers.py) start all three; a multi-node cluster test gives ``host`` an address the
 nodes reach. Where a server cannot start on this machine (PostgreSQL not installed, no
 ``postgres`` user to run it as when root) :class:`ServerUnavailable` says why, before anything
-starts: a benchmark prints it and exits 2, a test is skipped.
+starts: a benchmark prints it and exits 2, a test is skipped. No secret goes on a command
+line (any local user reads every process's in /proc): the database URL reaches ``mlflow
+server`` through its environment.
 
 This module imports neither pytest nor the tests: benchmarks depend on raypeft alone.
 """
@@ -364,19 +366,22 @@ def mlflow_server(
     backend store (e.g. a :func:`postgres_server` database), artefacts proxied to
     ``artifacts_destination`` (e.g. ``s3://bucket/mlflow``, with :attr:`S3.env` in ``env``),
     one worker, no job runner; its log in ``work/mlflow.log``. Stopped with its workers (its
-    process group) when the block ends."""
+    process group) when the block ends. The backend store's URI (a database's password) goes
+    through the environment, which mlflow's CLI reads for ``--backend-store-uri`` and hands
+    to its workers, not on the command line, which any local user can read."""
     work.mkdir(parents=True, exist_ok=True)
     port = free_port(host)
     url = f"http://{host}:{port}"
     server_env = dict(os.environ, **(env or {}))
     server_env.update(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true")
+    server_env["MLFLOW_BACKEND_STORE_URI"] = backend_store_uri
     server_env.pop("MLFLOW_TRACKING_URI", None)
     log = work / "mlflow.log"
     started = time.monotonic()
     with log.open("ab") as out:
         proc = subprocess.Popen(
             [str(Path(sys.executable).with_name("mlflow")), "server", "--host", host]
-            + ["--port", str(port), "--workers", "1", "--backend-store-uri", backend_store_uri]
+            + ["--port", str(port), "--workers", "1"]
             + ["--artifacts-destination", artifacts_destination],
             env=server_env,
             stdout=out,
