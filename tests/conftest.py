@@ -21,6 +21,9 @@ os.environ.setdefault("RAYPEFT_CACHE_DIR", tempfile.mkdtemp(prefix="raypeft-test
 
 import pytest  # noqa: E402
 
+# the run's summary names each test skipped for a missing system package (tests/system.py)
+from tests.system import pytest_terminal_summary  # noqa: E402, F401
+
 TINY_MAX_LENGTH = 16
 
 

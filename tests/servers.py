@@ -1,6 +1,7 @@
 """The real servers of benchmarks/common/servers.py (PostgreSQL, moto's S3 API, ``mlflow
 server``), for tests: the same functions, except that a server this machine cannot start
-skips the test that wants it, saying why, instead of raising :class:`ServerUnavailable`.
+skips the test that wants it for the missing system package (tests/system.py; a failure
+under RAYPEFT_REQUIRE_SYSTEM), instead of raising :class:`ServerUnavailable`.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from benchmarks.common.servers import (
     s3_server,
     stop_process,
 )
+from tests.system import missing
 
 __all__ = [
     "S3",
@@ -41,5 +43,7 @@ def postgres_server(work: Path, host: str = "127.0.0.1"):
     try:
         servers.postgres_runnable()
     except ServerUnavailable as exc:
-        pytest.skip(exc.reason)
+        if exc.package is None:
+            pytest.skip(exc.reason)
+        missing(exc.package, exc.reason)
     return servers.postgres_server(work, host)
