@@ -35,8 +35,8 @@ from typing import Any
 import yaml
 
 from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.servers import free_port
 from benchmarks.platform_overhead import TINY, VALUES, replay_table
-from tests.servers import free_port  # why: the helper the real servers of the tests use
 
 RAYPEFT = str(Path(sys.executable).with_name("raypeft"))
 NAME = "after-search"

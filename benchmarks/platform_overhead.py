@@ -12,7 +12,8 @@ time, Ray told of C CPUs:
 Each cell runs in a fresh interpreter (its own Ray, its driver's peak memory alone) and
 appends one JSON line to ``--out`` as it ends; a cell already there is skipped (resumable).
 Stores: ``sqlite`` (embedded files) or ``postgres`` (a real server this benchmark starts,
-``tests/servers.py``; one fresh database per cell for MLflow and one for Optuna).
+:mod:`benchmarks.common.servers`; one fresh database per cell for MLflow and one for Optuna;
+where PostgreSQL cannot run, one line says why before any cell runs, exit code 2).
 
     python -m benchmarks.platform_overhead --sizes 10,100,1000 --concurrency 2,8,32 \\
         --stores sqlite,postgres --out benchmarks/results/platform_overhead.jsonl
@@ -36,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.servers import ServerUnavailable, postgres_runnable, postgres_server
 
 LAYERS = ("tune", "tune_optuna", "raypeft")
 NAME = "overhead"  # the raypeft layer's experiment
@@ -235,8 +237,6 @@ def stores(kind: str, work: Path) -> Iterator[Any]:
             f"sqlite:///{work / name / 'optuna.db'}",
         )
         return
-    from tests.servers import postgres_server  # why: the real server the tests start
-
     with postgres_server(work) as server:
         yield lambda name: (
             server.create_database(f"mlflow_{name}"),
@@ -245,14 +245,15 @@ def stores(kind: str, work: Path) -> Iterator[Any]:
 
 
 def measure(cell: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Run one cell in a fresh interpreter; its JSON line, or what went wrong."""
+    """Run one cell in a fresh interpreter; its JSON line, or what went wrong. The cell goes
+    on its standard input, not its command line: its store URLs hold the database's password."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0",
            "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
            "RAY_AUTH_MODE": "disabled"}  # fmt: skip
-    cmd = [sys.executable, "-m", "benchmarks.platform_overhead", "--cell", json.dumps(cell)]
+    cmd = [sys.executable, "-m", "benchmarks.platform_overhead", "--cell"]
     try:
-        proc = subprocess.run(cmd, cwd=cell["work"], env=env, capture_output=True, text=True,
-                              timeout=timeout)  # fmt: skip
+        proc = subprocess.run(cmd, cwd=cell["work"], env=env, input=json.dumps(cell),
+                              capture_output=True, text=True, timeout=timeout)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {**{k: cell[k] for k in ("store", "concurrency", "size", "layer")},
                 "error": f"timed out after {timeout:.0f} s"}  # fmt: skip
@@ -384,16 +385,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--layers", type=names, default=list(LAYERS))
     parser.add_argument("--out", default=str(RESULTS / "platform_overhead.jsonl"))
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per cell")
-    parser.add_argument("--cell", help=argparse.SUPPRESS)  # one cell, in a fresh interpreter
+    # one cell (JSON on stdin), in a fresh interpreter
+    parser.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     if args.cell:
-        print(json.dumps(run_cell(json.loads(args.cell))), flush=True)
+        print(json.dumps(run_cell(json.loads(sys.stdin.read()))), flush=True)
         return
-    run_grid(args)
+    try:
+        if "postgres" in args.stores:
+            postgres_runnable()  # before the first cell, not after an hour of sqlite ones
+        run_grid(args)
+    except ServerUnavailable as exc:
+        print(f"error: --stores postgres: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
     rows = [json.loads(ln) for ln in Path(args.out).read_text().splitlines() if ln.strip()]
     print("\n".join(growth(rows) + paces(rows) + ratios(rows)))
 

@@ -10,15 +10,18 @@
 #   scripts/on-device.sh -- raypeft tune search_spaces/dept.yaml   # any command
 #
 # PYTHON: the interpreter (default python3; with --cpu, .venv/bin/python where it exists).
-# RAYPEFT_DEVICE_DIR: where the bundle is unpacked (default /tmp/raypeft-device); a part
-# already unpacked there from the same build is not unpacked again (a second call on a warm
-# machine). A bundle built for another Python (cp312 for the device, unpacked here under 3.11)
+# RAYPEFT_DEVICE_DIR: where the bundle is unpacked (default .device-unpacked/ in this checkout,
+# git-ignored, so the device tool keeps it between calls); a part already unpacked there from
+# the same build is not unpacked again (a second call on a warm machine). It goes first on
+# PYTHONPATH, so it must be private: made 0700, and refused (exit 2) unless it is a folder of
+# ours closed to others (a fixed name under /tmp, as it once was, another user could create
+# first and fill with modules of theirs). A bundle built for another Python (cp312 for the device, unpacked here under 3.11)
 # is skipped when the interpreter has Ray, MLflow and Optuna of its own (the rehearsal here).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 BUNDLE=${RAYPEFT_BUNDLE:-$ROOT/.device}
-DEST=${RAYPEFT_DEVICE_DIR:-/tmp/raypeft-device}
+DEST=${RAYPEFT_DEVICE_DIR:-$ROOT/.device-unpacked}
 cpu=0
 for arg in "$@"; do [ "$arg" = "--" ] && break; [ "$arg" = "--cpu" ] && cpu=1; done
 if [ -z "${PYTHON:-}" ]; then
@@ -47,7 +50,25 @@ unpack() {  # unpack ARCHIVE: into $DEST/<its name>, unless that build is unpack
   echo "on-device: unpacked $name ($(du -sm "$DEST/$name" | cut -f1) MiB) into $DEST"
 }
 
-mkdir -p "$DEST"
+private_dest() {  # DEST made 0700 where absent; else it must be a folder of ours, 0700
+  local owner mode fix="RAYPEFT_DEVICE_DIR to a folder of your own"
+  if [ -L "$DEST" ]; then
+    echo "on-device: $DEST is a symbolic link, not a folder: remove it or set $fix" >&2; exit 2
+  fi
+  [ -e "$DEST" ] || mkdir -p -m 700 "$DEST"
+  if [ ! -d "$DEST" ]; then echo "on-device: $DEST is not a folder: set $fix" >&2; exit 2; fi
+  read -r owner mode < <(stat -c '%u %a' "$DEST")
+  if [ "$owner" != "$(id -u)" ]; then
+    echo "on-device: $DEST belongs to uid $owner, not to you (uid $(id -u)): set $fix" >&2; exit 2
+  fi
+  if (( 8#$mode & 8#077 )); then
+    echo "on-device: $DEST has mode $mode: other users may change what goes on PYTHONPATH;" \
+      "make it private (chmod 700 $DEST)" >&2
+    exit 2
+  fi
+}
+
+private_dest
 build=""
 for part in "$BUNDLE"/call1 "$BUNDLE"/call2; do
   [ -f "$part/BUILD" ] || continue

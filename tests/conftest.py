@@ -14,11 +14,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # spinning thread burnt ~25% of a tiny search's CPU (measured on suite-speed, 2026-11-27);
 # sleeping changes no result. CLI subprocesses and the Ray processes they start inherit it.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# IPT's pretrained tables are cached per test session, not in the user's ~/.cache (CLI
-# subprocesses of the integration tests inherit it, and reuse what the session built)
-os.environ.setdefault("RAYPEFT_CACHE", tempfile.mkdtemp(prefix="raypeft-test-cache-"))
+# raypeft's cache (IPT's pretrained tables, GPU probes) is per test session, not the user's
+# ~/.cache/raypeft (CLI subprocesses of the integration tests inherit it, and reuse what the
+# session built)
+os.environ.setdefault("RAYPEFT_CACHE_DIR", tempfile.mkdtemp(prefix="raypeft-test-cache-"))
 
 import pytest  # noqa: E402
+
+# the run's summary names each test skipped for a missing system package (tests/system.py)
+from tests.system import pytest_terminal_summary  # noqa: E402, F401
 
 TINY_MAX_LENGTH = 16
 

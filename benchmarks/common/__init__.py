@@ -10,4 +10,6 @@ package imports none of them, so a report that needs no torch loads none):
   own hidden worker in a fresh interpreter;
 - :mod:`~benchmarks.common.training`: one training step as the training loop takes it;
 - :mod:`~benchmarks.common.searches`: one whole search, timed, with its phases.
+- :mod:`~benchmarks.common.servers`: real PostgreSQL, S3 and MLflow servers on loopback
+  (the tests start them too, through tests/servers.py).
 """

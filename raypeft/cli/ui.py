@@ -227,8 +227,9 @@ def _best_trial_lines(uri: str, experiment: Experiment, base_url: str) -> list[s
 
 
 def _server_command(uri: str, host: str, port: int, workers: int) -> list[str]:
-    """``mlflow server`` on the store, serving its artefacts."""
-    command_line = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri]
+    """``mlflow server`` on the store, serving its artefacts. The store's URI is not on it
+    (:func:`_start` hands it over through the environment)."""
+    command_line = [sys.executable, "-m", "mlflow", "server"]
     store = sqlite_file(uri)
     if store is not None:
         # experiments created from the UI keep their artefacts beside the store, as tune does
@@ -249,7 +250,7 @@ def _serve(
                 signal.signal(sig, _raise_stop)
         proc = None
         try:
-            proc = _start(command_line, log)
+            proc = _start(command_line, log, uri)
             return _announce_and_wait(proc, base_url, lines, uri, timeout, log)
         except (KeyboardInterrupt, _Stop):
             click.echo("stopping the MLflow server", err=True)
@@ -268,9 +269,15 @@ def _serve(
 _HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _start(command_line: list[str], log: Path) -> subprocess.Popen:
+def _start(command_line: list[str], log: Path, uri: str) -> subprocess.Popen:
+    """The server, its backend store ``uri`` in the variable mlflow's CLI reads for
+    ``--backend-store-uri``: a database's password on a command line is any local user's to
+    read (/proc/PID/cmdline)."""
     env = dict(
-        os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false", MLFLOW_DISABLE_TELEMETRY="true"
+        os.environ,
+        MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false",
+        MLFLOW_DISABLE_TELEMETRY="true",
+        MLFLOW_BACKEND_STORE_URI=uri,
     )
     with log.open("wb") as out:
         return subprocess.Popen(

@@ -3,5 +3,6 @@
 ``schema`` holds the models and loading; ``method_configs`` the fields every method's config
 has and the registry methods add their configs to (the config layer never imports a method);
 ``messages`` turns pydantic's errors into one line naming the key and the rule; ``redact``
-hides credentials before any config is written out.
+hides credentials before any config is written out; ``cache_root`` is the one folder (and
+variable, ``RAYPEFT_CACHE_DIR``) of everything raypeft caches on disk.
 """

@@ -26,6 +26,7 @@ from pathlib import Path
 import ray
 from ray.exceptions import GetTimeoutError, RayError
 
+from raypeft.config.cache_root import cache_root
 from raypeft.config.schema import ExperimentConfig
 from raypeft.search.trial_runners import assigned_device
 from raypeft.training.probe import probe_alone, probe_pack
@@ -142,11 +143,9 @@ def _log(value: float) -> float:
 
 
 def cache_file() -> Path:
-    """``$RAYPEFT_CACHE_DIR/gpu_probe.json``, else ``~/.cache/raypeft/gpu_probe.json`` (XDG)."""
-    folder = os.environ.get("RAYPEFT_CACHE_DIR")
-    if not folder:
-        folder = str(Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "raypeft")
-    return Path(folder).expanduser() / "gpu_probe.json"
+    """``gpu_probe.json`` in raypeft's cache folder (:func:`cache_root`: ``$RAYPEFT_CACHE_DIR``,
+    else ``~/.cache/raypeft``, XDG-aware)."""
+    return cache_root() / "gpu_probe.json"
 
 
 def probe_key(cfg: ExperimentConfig, gpu: str, k_max: int, packs: bool) -> str:

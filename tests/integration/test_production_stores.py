@@ -7,12 +7,15 @@ The search records through an ``mlflow server`` on PostgreSQL with its artefacts
 head's server of docs/cluster.md), and a second one writes to the database directly with
 ``tracking.artifact_location`` in S3. Each is read back from the stores themselves: SQL on
 MLflow's and Optuna's tables, the bucket's object list. Nothing may land in the working
-folder. Then ``raypeft report`` and ``raypeft predict`` read them as a user would.
+folder. Then ``raypeft report`` and ``raypeft predict`` read them as a user would. While the
+servers and each command run, no process's command line holds the database's password (any
+local user reads them in /proc): the URLs that hold it go through the environment.
 """
 
 from __future__ import annotations
 
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,18 +80,46 @@ def _experiment(folder: Path, name: str, **sections) -> Path:
     return path
 
 
-def _raypeft(stores: Stores, args: list[str], cwd: Path, stdin: str | None = None):
-    proc = subprocess.run(
-        [RAYPEFT, *args],
-        cwd=cwd,
-        env=stores.env(),
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
+def _raypeft(
+    stores: Stores, args: list[str], cwd: Path, stdin: str = "", env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """``raypeft ARGS`` to success, every process's command line read twice a second while it
+    runs (its Ray workers and the servers too): none may hold the database's password."""
+    out, err = cwd.parent / f"{cwd.name}.out", cwd.parent / f"{cwd.name}.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            [RAYPEFT, *args],
+            cwd=cwd,
+            env={**stores.env(), **(env or {})},
+            stdin=subprocess.PIPE,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+        )
+        proc.stdin.write(stdin)
+        proc.stdin.close()
+        seen, leaks = _watch_command_lines(proc, stores.postgres.password)
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+    assert leaks == [], "the database's password on a command line: " + "; ".join(leaks)
+    assert proc.pid in seen  # the watch saw the command itself while it ran
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def _watch_command_lines(proc: subprocess.Popen, secret: str) -> tuple[set[int], list[str]]:
+    """Until ``proc`` ends (600 s at most): the pids whose command line was read, and each
+    one that held ``secret`` (shown without it)."""
+    seen, leaks = set(), {}
+    deadline = time.monotonic() + 600
+    while proc.poll() is None:
+        assert time.monotonic() < deadline, f"{proc.args[:3]} still running after 600 s"
+        for other in psutil.process_iter(["cmdline"]):
+            line = " ".join(other.info["cmdline"] or [])
+            seen.add(other.pid)
+            if secret in line:
+                leaks[other.pid] = f"pid {other.pid}: {line.replace(secret, '***')[:300]}"
+        time.sleep(0.5)
+    return seen, list(leaks.values())
 
 
 def test_the_servers_listen_on_loopback_only_and_stop_by_pid(tmp_path):
@@ -108,7 +139,8 @@ def test_a_search_records_only_into_postgres_and_s3_and_reads_back(stores, tmp_p
     work = tmp_path / "work"
     path = _experiment(work, "prod-server")
     args = ["tune", "--space", str(path), "--quiet", "--tracking-uri", stores.tracking_uri]
-    tuned = _raypeft(stores, [*args, "--set", f"search.storage={stores.optuna_url}"], work)
+    # the study's URL holds the password: the environment, not --set search.storage=...
+    tuned = _raypeft(stores, args, work, env={"RAYPEFT_SEARCH_STORAGE": stores.optuna_url})
     assert f"Ray results: s3://{BUCKET}/ray_results/prod-server-" in tuned.stdout
     assert stores.postgres.password not in tuned.stdout + tuned.stderr
     assert sorted(p.name for p in work.iterdir()) == ["experiment.yaml"]  # nothing local
@@ -205,7 +237,9 @@ def test_a_search_on_the_database_directly_keeps_its_artefacts_in_s3(stores, tmp
     assert any(k.endswith("/MLmodel") for k in stores.s3.keys(BUCKET, "direct/"))
     reader = tmp_path / "reader"
     reader.mkdir()
-    predict = ["predict", "--model", "models:/prod-direct@champion", "--tracking-uri", url]
-    predicted = _raypeft(stores, predict, reader, "what a great day\n")
+    # the store's URL holds the password: MLFLOW_TRACKING_URI, not --tracking-uri
+    predict = ["predict", "--model", "models:/prod-direct@champion"]
+    env = {"MLFLOW_TRACKING_URI": url}
+    predicted = _raypeft(stores, predict, reader, "what a great day\n", env)
     assert predicted.stdout.splitlines()[0].endswith("\twhat a great day")
     assert list(reader.iterdir()) == []

@@ -28,6 +28,7 @@ import pytest
 
 from raypeft.tracking.runs import parent_runs, trial_runs
 from tests.helpers import RAYPEFT
+from tests.system import require
 
 pytestmark = pytest.mark.integration
 
@@ -49,14 +50,13 @@ UI_TIMEOUT_MS = 60_000  # page loads and renders (each wait ends as soon as the 
 
 @pytest.fixture(scope="session")
 def chromium() -> str:
-    """Path of the system Chromium; skipped without one unless RAYPEFT_REQUIRE_BROWSER is set."""
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        reason = "chromium is not installed (apt-get install chromium)"
-        if os.environ.get("RAYPEFT_REQUIRE_BROWSER", "") not in ("", "0"):
-            pytest.fail(f"{reason}, and RAYPEFT_REQUIRE_BROWSER is set")
-        pytest.skip(f"{reason}; set RAYPEFT_REQUIRE_BROWSER=1 to make this a failure")
-    return path
+    """Path of the system Chromium (tests/system.py: skipped without one, failed under
+    RAYPEFT_REQUIRE_SYSTEM)."""
+    return require(
+        "chromium",
+        lambda: shutil.which("chromium") or shutil.which("chromium-browser"),
+        "the browser tests drive it (Playwright, headless)",
+    )
 
 
 def _free_port() -> int:

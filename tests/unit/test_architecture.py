@@ -26,7 +26,8 @@ TRAINING_CORE = ("training", "data", "modeling", "methods", "config", "errors")
 
 def test_import_linter_contracts_are_kept():
     """`lint-imports` (the contracts in pyproject.toml) passes: the layer order, no Ray,
-    MLflow or Optuna below tracking, and raypeft imports nothing of benchmarks."""
+    MLflow or Optuna below tracking, raypeft imports nothing of benchmarks, and benchmarks
+    import neither the tests nor pytest."""
     lint_imports = Path(sys.executable).with_name("lint-imports")
     assert lint_imports.is_file(), "import-linter is not installed: pip install -e '.[dev]'"
     result = subprocess.run(

@@ -55,7 +55,7 @@ def _corpus(folder: Path) -> Path:
 
 
 def _fidelity(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "RAYPEFT_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAYPEFT_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run(
         [sys.executable, "-m", MODULE, *args],
         cwd=tmp_path,

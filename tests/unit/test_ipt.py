@@ -229,7 +229,7 @@ def test_random_table_scale_and_seed(tiny_backbone):
 @pytest.fixture
 def small_corpus(tmp_path, monkeypatch):
     """A tiny two-topic corpus and a private cache folder."""
-    monkeypatch.setenv("RAYPEFT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("RAYPEFT_CACHE_DIR", str(tmp_path / "cache"))
     sport = [f"the team won the match with a late goal number {i}" for i in range(8)]
     money = [f"the bank raised interest rates and stocks fell by {i}" for i in range(8)]
     return _write_folder(tmp_path / "corpus", {"sport": sport, "money": money})

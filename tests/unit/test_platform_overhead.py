@@ -9,6 +9,7 @@ import json
 import pytest
 
 from benchmarks import platform_overhead
+from benchmarks.common.servers import ServerUnavailable
 
 
 def test_the_benchmark_measures_every_layer_and_resumes(tmp_path, capsys):
@@ -31,6 +32,26 @@ def test_the_benchmark_measures_every_layer_and_resumes(tmp_path, capsys):
     platform_overhead.main(args)  # everything measured already: nothing runs again
     assert len(out.read_text().splitlines()) == 3
     assert capsys.readouterr().out.strip() == ""  # one size: no interval to cost
+
+
+def test_postgres_that_cannot_run_is_one_line_and_exit_2_before_any_cell(
+    tmp_path, monkeypatch, capsys
+):
+    """Not pytest's Skipped (the benchmark once borrowed the tests' servers), and not after
+    the sqlite cells have run."""
+
+    def unavailable():
+        raise ServerUnavailable("PostgreSQL is not installed (apt-get install postgresql)")
+
+    monkeypatch.setattr(platform_overhead, "postgres_runnable", unavailable)
+    out = tmp_path / "overhead.jsonl"
+    with pytest.raises(SystemExit) as exited:
+        platform_overhead.main(["--sizes", "2", "--stores", "sqlite,postgres", "--out", str(out)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "error: --stores postgres: PostgreSQL is not installed (apt-get install postgresql)\n"
+    )
+    assert not out.exists()
 
 
 def test_growth_is_the_cost_of_each_added_trial():

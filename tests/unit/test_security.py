@@ -429,7 +429,8 @@ def test_ui_host_defaults_to_loopback():
 
 
 def test_ui_server_listens_on_loopback_only(tmp_path):
-    """The real ``raypeft ui``: every socket its MLflow server (and workers) listen on."""
+    """The real ``raypeft ui``: every socket its MLflow server (and workers) listen on; and
+    the store's URI (a database's password) on none of their command lines."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -452,6 +453,8 @@ def test_ui_server_listens_on_loopback_only(tmp_path):
         assert any(p == port for _, _, p in sockets), sockets
         exposed = sorted(s for s in sockets if not _is_loopback(s[1]))
         assert exposed == [], f"raypeft ui listens beyond loopback: {exposed}"
+        servers = [psutil.Process(pid) for pid in _tree(proc.pid) - {proc.pid}]
+        assert servers and not [p.pid for p in servers if uri in " ".join(p.cmdline())]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)

@@ -8,8 +8,10 @@ import multiprocessing
 import os
 import pickle
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -26,6 +28,7 @@ from raypeft.tracking.stores import (
     check_tracking_uri,
     database_server,
     database_url,
+    lock_folder,
     sqlite_file,
     store_lock,
     tracking_client,
@@ -41,26 +44,81 @@ def test_sqlite_file_is_the_absolute_path_of_a_local_sqlite_url(tmp_path, monkey
         assert sqlite_file(other) is None
 
 
-def _hold(url: str, held, released) -> None:
+def _hold(url: str, held, done) -> None:
     with store_lock(url):
         held.set()
         time.sleep(1.0)
-    released.set()
+        done.set()  # still inside: set once the lock is released, it could come too late
 
 
 def test_store_lock_serialises_processes_and_leaves_nothing_beside_the_store(tmp_path):
     url = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ctx = multiprocessing.get_context("fork")  # a second process, started quickly
-    held, released = ctx.Event(), ctx.Event()
-    other = ctx.Process(target=_hold, args=(url, held, released))
+    held, done = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_hold, args=(url, held, done))
     other.start()
     try:
         assert held.wait(60)
-        with store_lock(url):  # waits for the other process
-            assert released.is_set()
+        with store_lock(url):  # waits for the other process to leave the lock
+            assert done.is_set()
     finally:
         other.join(30)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def temp_folder(tmp_path, monkeypatch):
+    """A temp folder of the test's own (where the lock folder goes), and the lock folder's
+    path in it."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path / f"raypeft-{os.getuid()}-locks"
+
+
+def test_the_lock_folder_is_made_private_and_kept_so(temp_folder, tmp_path):
+    with store_lock(f"sqlite:///{tmp_path / 'mlflow.db'}"):
+        pass
+    info = os.lstat(temp_folder)
+    assert stat.S_ISDIR(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o700
+    assert info.st_uid == os.getuid()
+    assert lock_folder() == temp_folder  # reused as it is
+
+
+def _refused(tmp_path) -> str:
+    with pytest.raises(ConfigError) as err:
+        with store_lock(f"sqlite:///{tmp_path / 'mlflow.db'}"):
+            pass
+    assert "\n" not in str(err.value)
+    return str(err.value)
+
+
+def test_a_lock_folder_others_may_use_is_refused_in_one_line(temp_folder, tmp_path):
+    temp_folder.mkdir()
+    temp_folder.chmod(0o755)
+    assert _refused(tmp_path) == (
+        f"lock folder {temp_folder} has mode 755: other users may use it; make it private "
+        f"(chmod 700 {temp_folder})"
+    )
+
+
+def test_a_lock_folder_that_is_a_symbolic_link_is_refused(temp_folder, tmp_path):
+    (tmp_path / "theirs").mkdir(mode=0o700)
+    temp_folder.symlink_to(tmp_path / "theirs")
+    assert _refused(tmp_path) == (
+        f"lock folder {temp_folder} is a symbolic link, not a folder: remove it "
+        f"(rm {temp_folder}) or set TMPDIR to a folder of your own"
+    )
+    assert list((tmp_path / "theirs").iterdir()) == []  # no lock file made through it
+
+
+def test_a_lock_folder_of_another_user_is_refused(temp_folder, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("making a folder another user's needs root")
+    temp_folder.mkdir(mode=0o700)
+    os.chown(temp_folder, 65534, 65534)  # nobody
+    assert _refused(tmp_path) == (
+        f"lock folder {temp_folder} belongs to uid 65534, not to you (uid {os.getuid()}): "
+        "set TMPDIR to a folder of your own"
+    )
 
 
 def _dead_url() -> str:

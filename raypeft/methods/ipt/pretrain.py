@@ -4,7 +4,7 @@ The classifier reads the *backbone tokenizer's* ids, so row ``i`` of its embeddi
 belongs to the backbone's token ``i``; with ``e = d`` the rows can serve directly as prompt
 vectors (Pretrained IPT), and the trained table plus conv body feed Encoder IPT.
 
-The result is cached on disk (safetensors) under ``$RAYPEFT_CACHE/ipt`` (default
+The result is cached on disk (safetensors) under ``$RAYPEFT_CACHE_DIR/ipt`` (default
 ``~/.cache/raypeft/ipt``), keyed by a hash of everything that shapes it. Files are written to a
 temporary name and renamed, so concurrent trials never read half a file; two processes that
 miss the cache at once both train (same seed, same result) and the last rename wins.
@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from raypeft.config.cache_root import cache_root
 from raypeft.methods.ipt.corpora import corpus_fingerprint, load_corpus
 from raypeft.methods.ipt.text_encoders import TextCNNBody
 
@@ -63,10 +64,10 @@ class PretrainSpec:
 
 
 def cache_dir() -> Path:
-    """Where pretrained tables are cached: ``$RAYPEFT_CACHE/ipt`` or ``~/.cache/raypeft/ipt``."""
-    root = os.environ.get("RAYPEFT_CACHE")
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "raypeft"
-    return base / "ipt"
+    """Where pretrained tables are cached: ``ipt/`` in raypeft's cache folder
+    (:func:`~raypeft.config.cache_root.cache_root`: ``$RAYPEFT_CACHE_DIR``, else
+    ``~/.cache/raypeft``)."""
+    return cache_root() / "ipt"
 
 
 class TextCNNClassifier(nn.Module):
