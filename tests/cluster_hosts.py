@@ -283,18 +283,30 @@ def start_host(
     return host
 
 
-def why_hosts_cannot_run() -> str | None:
-    """Why this machine cannot make hosts (None when it can)."""
+# what the hosts run, and the Debian package that has it
+HOST_TOOLS = {
+    "/usr/sbin/sshd": "openssh-server",
+    "ssh": "openssh-client",
+    "ssh-keygen": "openssh-client",
+    "rsync": "rsync",
+    "unshare": "util-linux",
+    "git": "git",
+}
+
+
+def why_hosts_cannot_run() -> tuple[str | None, str] | None:
+    """None when this machine can make hosts; else (the missing Debian package, or None
+    when it is not a package, and why)."""
     if os.geteuid() != 0:
-        return "hosts need root (namespaces, bind mounts, a uid per host)"
-    for tool in ("/usr/sbin/sshd", "rsync", "ssh", "ssh-keygen", "unshare", "git"):
+        return None, "hosts need root (namespaces, bind mounts, a uid per host)"
+    for tool, package in HOST_TOOLS.items():
         if not shutil.which(tool):
-            return f"{tool} is not installed (apt-get install openssh-server rsync)"
+            return package, f"{tool} is not installed"
     probe = subprocess.run(
         ["unshare", "--pid", "--mount", "--fork", "--mount-proc", "true"], capture_output=True
     )
     if probe.returncode != 0:
-        return f"unshare --pid --mount cannot run here: {probe.stderr.decode()[-200:]}"
+        return None, f"unshare --pid --mount cannot run here: {probe.stderr.decode()[-200:]}"
     return None
 
 
