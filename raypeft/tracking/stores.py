@@ -74,8 +74,9 @@ def database_server(url: str) -> bool:
     return "://" in url and scheme in SQL_SCHEMES - {"sqlite"}
 
 
-# A cluster names its shared Optuna database once, in every node's environment
-# (cluster/node.sh sources ~/.raypeft/cluster.env): the default of ``search.storage``.
+# A cluster names its shared Optuna database once, for the head's job drivers alone (cluster/
+# node.sh keeps it in the head's secrets file, which raypeft.config.secrets_file loads): the
+# default of ``search.storage``.
 SEARCH_STORAGE_ENV = "RAYPEFT_SEARCH_STORAGE"
 
 
