@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 import time
 
+import optuna
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -20,7 +21,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.preflight.storage import check_storage_path
 from tests.servers import s3_env, s3_server
 
-from .helpers import Case, exp, ids, run_in_process
+from .helpers import Case, check_result, exp, ids, listing, run_in_process
 
 CASES: list[Case] = [
     # ---- stores
@@ -157,3 +158,21 @@ def test_an_object_store_that_answers_passes_and_a_missing_bucket_is_one_line(
         (line,) = bad.stderr.splitlines()
         assert "run.storage_path: 's3://nope/search': the bucket 'nope' does not exist" in line
         assert s3.keys("runs") == []
+
+
+def test_a_study_created_for_other_directions_is_refused_by_validate_as_by_tune(
+    tmp_path, monkeypatch
+):
+    """The search would refuse to continue a study that minimises what it maximises, once
+    its stores are open; the preflight reads the existing study (creating nothing) first."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    (tmp_path / "exp.yaml").write_text(yaml.safe_dump(exp()))
+    optuna.create_study(study_name="bad-input", storage="sqlite:///optuna.db")  # minimise
+    before = listing(tmp_path)
+    case = Case("study-of-other-directions", None, ("search.study_name", "['min']", "['max']"))
+    lines = [
+        check_result(CliRunner().invoke(main, [command, "exp.yaml"]), case, before, tmp_path, [])
+        for command in ("tune", "validate")
+    ]
+    assert lines[0] == lines[1]
