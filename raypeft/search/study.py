@@ -281,6 +281,25 @@ def fail_orphans(
     return len(orphans)
 
 
+def unrecorded_ends(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    parent_run_id: str,
+    ended: set[str],
+) -> dict[int, str]:
+    """The trials of this search the study still holds RUNNING although Tune ended them
+    (``ended``: Tune trial ids): their ends were never recorded (a failed ``study.tell``).
+    ``{Optuna trial number: Tune trial id}``. Read from the study, so it finds them whichever
+    process's searcher told (or failed to tell) them, a resumed search's included."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    return {
+        t.number: t.user_attrs[TUNE_TRIAL_ATTR]
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
+        and t.user_attrs.get(TUNE_TRIAL_ATTR) in ended
+    }
+
+
 def remaining_grid_points(
     points: list[dict[str, Any]], finished: list[dict[str, Any]]
 ) -> list[dict[str, Any]]:
