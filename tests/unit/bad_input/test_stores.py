@@ -82,6 +82,11 @@ CASES: list[Case] = [
         exp(run={"storage_path": "ftp://host/x"}),
         ("run.storage_path", "'ftp://host/x'", "no filesystem for 'ftp'", "must be"),
     ),
+    Case(
+        "storage-path-s3-without-a-bucket",
+        exp(run={"storage_path": "s3:///ray_results"}),
+        ("run.storage_path", "must name a bucket"),
+    ),
     Case("empty-study-name", exp(search__study_name=""), ("search.study_name", "at least 1")),
     Case(
         "resume-with-no-search-to-resume",
@@ -103,7 +108,13 @@ def test_bad_input_is_one_line_exit_2_and_touches_nothing(case, run_case):
 S3_REFUSES = Case(
     "storage-path-object-store-refuses-connections",
     exp(run={"storage_path": "s3://a-bucket/x"}),
-    ("run.storage_path", "'s3://a-bucket/x'", "does not answer", "Could not connect", "must be"),
+    (
+        "run.storage_path",
+        "'s3://a-bucket/x'",
+        "does not answer",
+        "Could not connect",
+        "must answer",
+    ),
     in_process=True,
 )
 
