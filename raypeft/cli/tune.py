@@ -143,6 +143,12 @@ def print_summary(s) -> None:
             f"({', '.join(s.started_over)}; which and why: the tag "
             f"{result_tag(RESTARTED_KEY)} of their MLflow runs)"
         )
+    if s.unrecorded:
+        echo(
+            f"  warning: the Optuna study could not record how {len(s.unrecorded)} of them "
+            "ended (its samplers and optuna-dashboard see them unfinished or wrong; MLflow "
+            f"holds their results): {'; '.join(s.unrecorded)}"
+        )
     if not s.constraints_met:
         echo("  warning: no trial met search.constraints; the best of all trials is shown")
     echo(f"Best trial {s.best_trial_id} (MLflow run {s.best_run_id}):")

@@ -9,12 +9,20 @@ with the experiment file's name; nothing is created before all pass):
 4. method settings (:mod:`.settings`): every setting the space can produce, through the
    hooks of the method's config; with ``trial_runner: replay``, a recorded curve for each
    (:func:`raypeft.search.replay_trials.check_replayable`);
-5. stores (:mod:`raypeft.tracking.stores`): the tracking URI and Optuna storage can be
-   opened, and a tracking server answers;
-6. resources (:mod:`raypeft.search.resources`): one trial fits this machine (a cluster,
-   ``address``, is checked once the search connects to it), and how many run at once;
-   ``use_gpu: auto`` is resolved when the search starts (:mod:`raypeft.search.gpu_plan`),
-   and what it will do is said here (``Checked.gpu_line``).
+5. stores (:mod:`raypeft.tracking.stores`, :mod:`.storage`): the tracking URI and Optuna
+   storage can be opened, a tracking server or database server answers, a study the search
+   would continue was created for its directions, and ``run.storage_path`` is a folder or a
+   URI Ray Tune can open whose object store answers;
+6. resources (:mod:`raypeft.search.resources`): ``--address`` is an address
+   (:func:`raypeft.search.ray_session.check_address`); one trial fits this machine, with
+   the precision it asks for (a cluster, ``address``, is joined and checked once the search
+   connects to it), and how many run at once; ``use_gpu: auto`` is resolved when the search
+   starts (:mod:`raypeft.search.gpu_plan`), and what it will do is said here
+   (``Checked.gpu_line``).
+
+``tune`` runs this pipeline before anything else, so a file ``validate`` accepts can fail
+``tune`` only for what needs the search itself: a cluster that does not answer or cannot
+place a trial (joined by ``tune`` only), ``--resume`` without a search to resume.
 
 What passes can still earn a note (:mod:`.export`): which of the search's models
 ``raypeft export --format peft`` will refuse, and why; ``validate`` and ``tune`` print it
@@ -36,8 +44,13 @@ from raypeft.preflight.data import check_task
 from raypeft.preflight.export import export_notes
 from raypeft.preflight.model import check_model
 from raypeft.preflight.settings import distinct_settings
+from raypeft.preflight.storage import check_storage_path
+from raypeft.search.objectives import resolve_objectives
+from raypeft.search.ray_session import check_address
 from raypeft.search.replay_trials import check_replayable, load_replay_table
 from raypeft.search.resources import auto_gpu_line, check_fits, local_nodes, trials_at_once
+from raypeft.search.study import check_existing_study
+from raypeft.tracking.runs import tracking_uri
 from raypeft.tracking.stores import (
     check_database_answers,
     check_stores,
@@ -75,9 +88,11 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
         settings = distinct_settings(cfg, model, source)
         if cfg.resources.trial_runner == "replay":  # every trial has a recorded curve
             check_replayable(cfg, load_replay_table(cfg))
-        _check_stores(cfg)
+        _check_stores(cfg, task.spec.metrics)
         at_once, nodes = None, None
-        if address is None:
+        if address is not None:
+            check_address(address)
+        else:
             nodes = local_nodes()
             check_fits(cfg, nodes)
             # use_gpu: auto with a GPU here: the search decides how many run at once
@@ -100,9 +115,10 @@ def run_checks(cfg: ExperimentConfig, source: str, *, address: str | None = None
     )
 
 
-def _check_stores(cfg: ExperimentConfig) -> None:
-    """The stores stage: the URIs can be opened, and a tracking server or database server
-    answers."""
+def _check_stores(cfg: ExperimentConfig, metrics: tuple[str, ...]) -> None:
+    """The stores stage: the URIs can be opened, a tracking server or database server
+    answers, a study to continue optimises the search's directions (the objectives' modes,
+    from the task's ``metrics``), and the object store of ``run.storage_path`` answers."""
     check_stores(cfg)
     uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
@@ -110,3 +126,6 @@ def _check_stores(cfg: ExperimentConfig) -> None:
     named = search_storage(cfg)
     if named and database_server(named[0]):
         check_database_answers(*named)
+    modes = [o.mode for o in resolve_objectives(cfg, metrics)]
+    check_existing_study(cfg, tracking_uri(cfg.tracking.uri), modes)
+    check_storage_path(cfg)

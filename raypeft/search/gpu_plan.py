@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from raypeft.config.schema import ExperimentConfig
-from raypeft.errors import ConfigError
 from raypeft.modeling.backbones import backbone_dims, load_config
 from raypeft.modeling.packed import packable
 from raypeft.search.gpu_probe import (
@@ -35,7 +34,7 @@ from raypeft.search.gpu_probe import (
     rule_choice,
     run_probe,
 )
-from raypeft.search.resources import describe_gpus
+from raypeft.search.resources import check_precision
 from raypeft.search.space import candidate_methods
 
 ACCELERATOR_PREFIX = "accelerator_type:"  # Ray's resource naming a node's GPU type ("H100")
@@ -68,11 +67,7 @@ def plan_resources(
         return ResourcePlan(cfg, None)
     total = sum(n.get("GPU", 0.0) for n in nodes)
     if total <= 0:
-        if cfg.train.precision == "fp16":
-            raise ConfigError(
-                f"train.precision: fp16 needs a GPU, and resources.use_gpu: auto found none on "
-                f"{where} ({describe_gpus(nodes)}); use bf16 or auto"
-            )
+        check_precision(cfg, nodes, where)
         plain = resolved(cfg, use_gpu=False, gpus_per_worker=0)
         return ResourcePlan(plain, f"resources: use_gpu auto → no GPU on {where}: the CPU")
     seen = f"{total:g} GPU{'s' if total != 1 else ''} seen by Ray on {where}"

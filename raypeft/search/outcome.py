@@ -58,6 +58,8 @@ class SearchSummary:
     seed_means_study: str = ""  # search.repeat_best: the study whose best trial is the choice
     constraints_met: bool = True
     started_over: list[str] = field(default_factory=list)  # trials whose checkpoint was unusable
+    # trials whose end the Optuna study could not record: "<trial> (Optuna trial <n>: <why>)"
+    unrecorded: list[str] = field(default_factory=list)
     published: Published | None = None  # the chosen model in MLflow (pyfunc, registry)
     # seconds each phase took, in order (prepare, open_records, fit, analyse, finish)
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -75,6 +77,8 @@ class Outcome:
     pareto: list[dict[str, Any]]  # multi-objective searches: the front, best first
     # trials restarted from a damaged or incomplete checkpoint, which trained from step 0
     started_over: list[str] = field(default_factory=list)
+    # trials whose end the Optuna study could not record (the summary names them)
+    unrecorded: list[str] = field(default_factory=list)
     repeats: list[RepeatGroup] = field(default_factory=list)  # the top configurations' seeds
     ranked_repeats: list[RepeatGroup] = field(default_factory=list)  # best mean first
 

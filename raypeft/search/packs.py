@@ -49,7 +49,13 @@ from typing import Any
 import ray
 import torch
 from ray import tune
-from ray.exceptions import ActorDiedError, GetTimeoutError, RayError, RayTaskError
+from ray.exceptions import (
+    ActorDiedError,
+    ActorUnavailableError,
+    GetTimeoutError,
+    RayError,
+    RayTaskError,
+)
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from raypeft.config.schema import ExperimentConfig, trial_config
@@ -67,6 +73,8 @@ from raypeft.training.pack_host import MemberReport, PackHost, PackRefused
 # opens another pack: packing density only, never correctness.
 SEAT_WAIT_S = 30.0
 WATCH_EVERY_S = 1.0  # how often a server checks that its members' trials are alive
+# A member whose trial cannot be checked this many times in a row fails (see _watch)
+WATCH_TRIES = 3
 LEAVE_TIMEOUT_S = 1.5  # Tune gives a reused actor's old trial 2 s to end
 
 
@@ -361,7 +369,17 @@ class PackServer:
         call at a time, so it waits while the trial trains, returns between two of Tune's
         calls (then another is sent), and fails with ``ActorDiedError`` once the actor is
         dead. A stopped trial whose actor Tune keeps for reuse stays alive: it leaves when
-        Tune resets the actor for the next trial (its ``tune.report`` raises)."""
+        Tune resets the actor for the next trial (its ``tune.report`` raises).
+
+        A check that fails otherwise is told apart deliberately. An actor Ray calls
+        unavailable (``ActorUnavailableError``: "temporarily unavailable but may be
+        available later"; one that never comes back is declared dead) is asked again, as
+        often as it takes. Any other failure counts: once a member's checks failed
+        :data:`WATCH_TRIES` times in a row (seconds apart, so a passing hiccup has cleared),
+        the failure is taken as permanent and the member fails with it: its trial's next
+        report raises the reason, which reaches Tune's trial error and the summary, instead
+        of the member holding its slot unwatched and the search hanging in silence."""
+        failed: dict[str, int] = {}  # member -> its checks that failed in a row
         while True:
             time.sleep(WATCH_EVERY_S)
             serving = set(self.host.keys())
@@ -369,27 +387,57 @@ class PackServer:
                 for key in [k for k in self.watched if k not in serving]:
                     del self.watched[key]
                 pings = dict(self.watched)
+            for key in [k for k in failed if k not in pings]:
+                del failed[key]
             for key, watched in pings.items():
                 try:
                     self._check(key, *watched)
-                except Exception:  # noqa: BLE001 - the watcher must go on; next time again
-                    pass
+                except Exception as exc:  # noqa: BLE001 - counted; the member fails at the limit
+                    failed[key] = failed.get(key, 0) + 1
+                    if failed[key] >= WATCH_TRIES:
+                        self._give_up(key, exc)
+                        del failed[key]
+                else:
+                    failed.pop(key, None)
+
+    def _give_up(self, key: str, exc: Exception) -> None:
+        """The member's trial fails with why its checks failed (it leaves the pack)."""
+        with self.lock:
+            self.watched.pop(key, None)
+        if isinstance(exc, RayTaskError) and exc.cause is not None:
+            exc = exc.cause  # what the call raised, not Ray's wrapper with its traceback
+        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+        why = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+        self.host.fail(
+            key,
+            RuntimeError(
+                f"pack {self.pack_id} lost track of trial {key}: checking that its Ray actor "
+                f"lives failed {WATCH_TRIES} times in a row ({why})"
+            ),
+        )
 
     def _check(self, key: str, actor, ping, actor_id: str) -> None:
-        """Whether the trial's actor answered its ping; ``ActorDiedError``: it left."""
+        """Whether the trial's actor answered its ping; ``ActorDiedError``: it left. Another
+        failure of the ping is raised, after the next ping is sent (the next check asks
+        afresh); an actor unavailable for a moment is simply asked again."""
         ready, _ = ray.wait([ping], timeout=0)
         if not ready:
             return
+        error = None
         try:
             ray.get(ping)
         except ActorDiedError:
             self.host.leave(key)
             return
-        except RayError:  # unavailable for a moment: ask again
+        except ActorUnavailableError:  # transient by Ray's own word: ask again
             pass
+        except RayError as exc:
+            error = exc
         with self.lock:
             if key in self.watched:
                 self.watched[key] = (actor, actor.__ray_ready__.remote(), actor_id)
+        if error is not None:
+            raise error
 
 
 _RemoteServer = ray.remote(PackServer)

@@ -71,9 +71,30 @@ def init_ray(address: str | None, quiet: bool = False) -> None:
             )
 
 
+def check_address(address: str) -> None:
+    """``--address`` must name a Ray cluster as ``ray.init`` takes one: ``host:port`` (the
+    head's GCS), ``ray://host[:port]`` (Ray Client), or ``auto``. Anything else is one line
+    here: ray.init would raise its own traceback. Syntax only; whether a cluster answers
+    there is asked when the search joins it (:func:`init_ray`)."""
+    if address in ("auto", "local"):
+        return
+    client = address.startswith("ray://")
+    rest = address.removeprefix("ray://")
+    host, colon, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    host = host.removeprefix("[").removesuffix("]")  # an IPv6 host is written [::1]:6379
+    good_port = (client and not colon) or (port.isdigit() and 0 < int(port) < 65536)
+    good_host = bool(host) and not any(c.isspace() or c in "/?#@" for c in host)
+    if not (good_host and good_port):
+        raise ConfigError(
+            f"--address {address!r}: not a Ray cluster's address; it must be the head's "
+            "host:port (e.g. 10.0.0.5:6379), ray://host:10001 or auto"
+        )
+
+
 def _join(address: str, level: int) -> None:
     """Join the Ray cluster at ``address``; a cluster that does not answer there (a wrong
     address or port, a head not started, another cluster's token) is the user's one line."""
+    check_address(address)
     _check_something_listens(address)
     try:
         ray.init(address=address, log_to_driver=False, logging_level=level)

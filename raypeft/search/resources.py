@@ -156,9 +156,23 @@ def check_fits(cfg: Any, nodes: list[dict[str, float]], where: str = "this machi
         if where == "this machine"
         else "; nodes that have not joined yet are not counted (see `ray status`)"
     )
+    check_precision(cfg, nodes, where)
     _check_gpus(cfg, nodes, where, hint)
     _check_cpus(cfg, nodes, where, hint)
     _check_workers(cfg, nodes, where, hint)
+
+
+def check_precision(cfg: Any, nodes: list[dict[str, float]], where: str = "this machine") -> None:
+    """``train.precision: fp16`` with ``use_gpu: auto`` needs a GPU among ``nodes``: auto would
+    resolve to the CPU, where fp16 cannot train. (A file that asks for the CPU itself is
+    refused by its schema.) One rule for ``validate`` and for the search's start."""
+    if cfg.train.precision != "fp16" or not cfg.resources.gpu_auto:
+        return
+    if not any(n.get("GPU", 0.0) > 0 for n in nodes):
+        raise ConfigError(
+            f"train.precision: fp16 needs a GPU, and resources.use_gpu: auto found none on "
+            f"{where} ({describe_gpus(nodes)}); use bf16 or auto"
+        )
 
 
 def _gpu_key(cfg: Any) -> str:

@@ -61,9 +61,16 @@ from raypeft.search.ray_session import init_ray
 from raypeft.search.repeats import run_repeats
 from raypeft.search.resources import check_fits, cluster_nodes, describe_placement, local_nodes
 from raypeft.search.results import TrialResult, trial_results
+from raypeft.search.searcher import StudySearcher
 from raypeft.search.seed_means import record_seed_means
 from raypeft.search.space import candidate_methods
-from raypeft.search.study import StudyPlan, fail_orphans, plan_study, record_chosen
+from raypeft.search.study import (
+    StudyPlan,
+    fail_orphans,
+    plan_study,
+    record_chosen,
+    unrecorded_ends,
+)
 from raypeft.search.trial_records import TrialRecordsCallback
 from raypeft.search.trial_runners import storage_path
 from raypeft.search.tuner import (
@@ -192,10 +199,12 @@ class PhaseClock:
 
 @dataclass
 class Fitted:
-    """The search's Tune results, and the runner that trains the repeats (if any)."""
+    """The search's Tune results, the runner that trains the repeats (if any), and the
+    trials whose end the Optuna study could not record (:func:`_unrecorded`)."""
 
     runner: TuneRunner
     results: ResultGrid
+    unrecorded: list[str] = field(default_factory=list)
 
 
 def run_experiment(
@@ -517,18 +526,46 @@ def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
         f"{describe_placement(cfg, max_concurrent(cfg))}, sampler {cfg.search.sampler}, "
         f"scheduler {cfg.search.scheduler.type} ..."
     )
+    made: list[StudySearcher] = []  # the searcher, when this process made it (not resumed)
+
+    def make_searcher():
+        limiter = optuna_searcher(
+            cfg, prep.dims, prep.objectives, prep.constraints, records.study, records.parent_run_id
+        )
+        made.append(limiter.searcher)  # ConcurrencyLimiter's public attribute
+        return limiter
+
     results = runner.fit(
         records.tune_name,
-        lambda: optuna_searcher(
-            cfg, prep.dims, prep.objectives, prep.constraints, records.study, records.parent_run_id
-        ),
+        make_searcher,
         lambda: scheduler(cfg, primary.result_key, primary.mode),
         cfg.search.num_samples,
     )
     records.tracker.collect_results(results)
+    # before fail_orphans, which closes what a resumed search left RUNNING
+    unrecorded = _unrecorded(records, results, made[0] if made else None)
     if records.resuming:
         fail_orphans(records.study.storage, records.study.study_name, records.parent_run_id)
-    return Fitted(runner, results)
+    return Fitted(runner, results, unrecorded)
+
+
+def _unrecorded(records: Records, results: ResultGrid, searcher: StudySearcher | None) -> list[str]:
+    """The trials whose end the Optuna study does not hold as Tune ended it, each as
+    ``"<Tune trial> (Optuna trial <n>: <why>)"``: the tells this process's searcher saw fail,
+    and the trials Tune ended that the study still holds RUNNING (a resumed search's too)."""
+    study = records.study
+    ended = {t.trial_id for t in trial_results(results)}
+    running = unrecorded_ends(study.storage, study.study_name, records.parent_run_id, ended)
+    failed = searcher.untold_trials() if searcher is not None else {}
+    lines = []
+    for number in sorted({*running, *failed}):
+        # a tell can also fail unseen: Optuna's sqlite storage drops an end the database
+        # refuses with an integrity error, and tell returns as if it had recorded it
+        still = "the study still holds it RUNNING"
+        tune_id, why = failed.get(number, (running.get(number), still))
+        who = tune_id or "a repeat answered from its original"
+        lines.append(f"{who} (Optuna trial {number}: {why})")
+    return lines
 
 
 def _live_table(prep: Prepared, opts: SearchOptions) -> Callable[[int], ProgressPrinter]:
@@ -564,6 +601,7 @@ def analyse(prep: Prepared, records: Records, fitted: Fitted, opts: SearchOption
     pareto = tag_pareto_front(trials, prep.objectives, prep.constraints, records.tracker)
     started_over = [t.trial_id for t in trials if RESTARTED_KEY in t.metrics]
     outcome = Outcome(best, constraints_met, len(results), errors, pruned, pareto, started_over)
+    outcome.unrecorded = fitted.unrecorded
     if cfg.search.repeat_best:
         outcome.repeats = run_repeats(
             fitted.runner, trials, primary, prep.constraints, records.tune_name, opts.say
@@ -665,4 +703,5 @@ def _summary(
         optuna_study=records.study.study_name,
         constraints_met=outcome.constraints_met,
         started_over=outcome.started_over,
+        unrecorded=outcome.unrecorded,
     )

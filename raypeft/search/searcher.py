@@ -67,6 +67,18 @@ def _rank(trial: optuna.trial.FrozenTrial) -> tuple:
     return _ORIGINAL_RANK[trial.state], -step, trial.number
 
 
+def _reason(exc: BaseException) -> str:
+    """An exception in one short line, with its cause's (a storage's error wraps the
+    database's: "StorageInternalError: ... (OperationalError: no such table ...)")."""
+
+    def line(e: BaseException) -> str:
+        text = str(e).strip()
+        return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+    cause = exc.__cause__ or exc.__context__
+    return (line(exc) + (f" ({line(cause)})" if cause is not None else ""))[:400]
+
+
 class StudySearcher(Searcher):
     """Optuna's study behind Ray Tune, with the scheduler's stops told as Optuna means them.
 
@@ -132,6 +144,8 @@ class StudySearcher(Searcher):
         self.ids: dict[int, int] = {}  # trial number -> the storage's trial id (never changes)
         self.waiting: list[tuple[int, int]] = []  # (repeat, original) numbers
         self.driver: str | None = None
+        # trial number -> why the study could not record its end (what study.tell raised)
+        self.untold: dict[int, str] = {}
         for point in points_to_evaluate or []:
             self.study.enqueue_trial(point)
         self._note_driver()
@@ -426,12 +440,28 @@ class StudySearcher(Searcher):
         return trial_id in self.told
 
     def _tell(self, number: int, state: TrialState, values: list[float] | None) -> None:
+        """Tell the study how trial ``number`` ended. A tell that fails (a storage that
+        refuses the write, a trial another process finished meanwhile, a sampler's
+        ``after_trial`` raising) does not fail the Tune trial: it trained, and its result,
+        MLflow run and checkpoint are right; only the study's record of it is wrong (left
+        RUNNING, or another's end). Failing it would throw away a result for a bookkeeping
+        error, and going on silently would let the study drift from Tune unseen. So the
+        reason is kept (:attr:`untold`, :meth:`untold_trials`) and the search's summary names
+        each such trial (:func:`raypeft.search.study.unrecorded_ends` finds the same ones
+        from the study after a ``--resume``, whose searcher Tune restores out of reach)."""
         try:
             self.study.tell(
                 number, values if values is None or len(values) > 1 else values[0], state=state
             )
-        except Exception as exc:  # the study must never take the search down
-            logger.warning("Optuna could not record trial %d: %s", number, exc)
+        except Exception as exc:  # noqa: BLE001 - whatever it was, the summary names it
+            self.untold[number] = _reason(exc)
+            logger.warning("Optuna could not record how trial %d ended: %s", number, exc)
+
+    def untold_trials(self) -> dict[int, tuple[str | None, str]]:
+        """The trials whose end the study could not record, by Optuna number: ``(Tune trial
+        id, or None for a repeat answered without training; why the tell failed)``."""
+        tune_ids = {number: trial_id for trial_id, number in self.trials.items()}
+        return {n: (tune_ids.get(n), why) for n, why in sorted(self.untold.items())}
 
     def _record_metrics(self, trial: optuna.trial.Trial, result: dict) -> dict[str, float]:
         """The trial's final metrics (best validation values, efficiency, its step) as a user

@@ -153,23 +153,10 @@ def prepare_study(
     continue. Trials of a search still running (started beside this one, in another process)
     are its own and left alone. A study created for other objective directions is refused.
     """
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
-        study_id = storage.get_study_id_from_name(study_name)
-    except KeyError:
+    if not check_directions(storage, study_name, modes):
         return []  # a new study
-    wanted = [
-        optuna.study.StudyDirection.MAXIMIZE if m == "max" else optuna.study.StudyDirection.MINIMIZE
-        for m in modes
-    ]
-    if list(study.directions) != wanted:
-        have = [
-            "max" if d == optuna.study.StudyDirection.MAXIMIZE else "min" for d in study.directions
-        ]
-        raise ConfigError(
-            f"search.study_name: Optuna study {study_name!r} was created for directions {have}, "
-            f"this search optimises {modes}; set search.study_name to start a new study"
-        )
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    study_id = storage.get_study_id_from_name(study_name)
     finished = []
     searches = dict(study.user_attrs)
     for trial in study.get_trials(deepcopy=False):
@@ -181,6 +168,49 @@ def prepare_study(
         elif trial.state in (TrialState.COMPLETE, TrialState.PRUNED):
             finished.append(dict(trial.params))
     return finished
+
+
+def check_directions(
+    storage: optuna.storages.BaseStorage, study_name: str, modes: list[str]
+) -> bool:
+    """Whether the storage holds a study of this name; raises :class:`ConfigError` when that
+    study was created for directions other than ``modes`` (max, min), this search's."""
+    try:
+        study_id = storage.get_study_id_from_name(study_name)
+    except KeyError:
+        return False
+    have = [
+        "max" if d == optuna.study.StudyDirection.MAXIMIZE else "min"
+        for d in storage.get_study_directions(study_id)
+    ]
+    if have != modes:
+        raise ConfigError(
+            f"search.study_name: Optuna study {study_name!r} was created for directions {have}, "
+            f"this search optimises {modes}; set search.study_name to start a new study"
+        )
+    return True
+
+
+def check_existing_study(cfg: ExperimentConfig, tracking_uri: str, modes: list[str]) -> None:
+    """Before anything starts (``raypeft validate`` as ``tune``): a study the search would
+    continue was created for its directions (:func:`check_directions`). Only a storage that
+    exists is opened, and without creating its tables: a new one is the search's to create."""
+    url, name = study_location(cfg, tracking_uri)
+    path = sqlite_file(url)
+    if path is not None and not path.is_file():
+        return
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True)
+    except Exception:  # not an Optuna database yet, or unopenable: open_storage says why
+        return  # in one line when the search opens it
+    try:
+        check_directions(storage, name, modes)
+    except ConfigError:
+        raise
+    except Exception:  # no Optuna tables yet: the search creates them
+        return
+    finally:
+        storage.engine.dispose()
 
 
 def storage_id(storage: optuna.storages.BaseStorage, study_id: int, number: int) -> int:
@@ -249,6 +279,25 @@ def fail_orphans(
             storage.set_trial_user_attr(trial_id, INTERRUPTED_ATTR, interrupted_by)
         storage.set_trial_state_values(trial_id, TrialState.FAIL)
     return len(orphans)
+
+
+def unrecorded_ends(
+    storage: optuna.storages.BaseStorage,
+    study_name: str,
+    parent_run_id: str,
+    ended: set[str],
+) -> dict[int, str]:
+    """The trials of this search the study still holds RUNNING although Tune ended them
+    (``ended``: Tune trial ids): their ends were never recorded (a failed ``study.tell``).
+    ``{Optuna trial number: Tune trial id}``. Read from the study, so it finds them whichever
+    process's searcher told (or failed to tell) them, a resumed search's included."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    return {
+        t.number: t.user_attrs[TUNE_TRIAL_ATTR]
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
+        and t.user_attrs.get(TUNE_TRIAL_ATTR) in ended
+    }
 
 
 def remaining_grid_points(

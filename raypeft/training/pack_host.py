@@ -14,7 +14,8 @@ or, when its process died, whoever watches it makes it leave; either way its slo
 for the next configuration. The other members train on meanwhile.
 
 Called from other threads: :meth:`~PackHost.join`, :meth:`~PackHost.next_report`,
-:meth:`~PackHost.leave`, :meth:`~PackHost.keys`, :meth:`~PackHost.close`. The pack itself
+:meth:`~PackHost.leave`, :meth:`~PackHost.fail`, :meth:`~PackHost.keys`,
+:meth:`~PackHost.close`. The pack itself
 (building members, steps, evaluations, checkpoints) is only touched by the host's thread,
 so each member's random state stays its own.
 """
@@ -93,6 +94,7 @@ class PackHost:
         self._cond = threading.Condition()
         self._joins: list[_Join] = []
         self._leaving: set[str] = set()
+        self._failing: dict[str, BaseException] = {}  # leaving, their trials failed with these
         self._serving: set[str] = set()  # members, and trials with a final report to fetch
         self._held: set[str] = set()  # reported; wait until their trial asks for more
         self._mail: dict[str, MemberReport] = {}  # reports not yet fetched
@@ -150,6 +152,15 @@ class PackHost:
             self._leaving.add(key)
             self._cond.notify_all()
 
+    def fail(self, key: str, error: BaseException) -> None:
+        """The member's trial cannot go on (whoever watches it says why, ``error``): it leaves
+        the pack as :meth:`leave` makes it, and its trial's next :meth:`next_report` raises
+        ``error`` instead of waiting for a report that will not come."""
+        with self._cond:
+            self._failing[key] = error
+            self._leaving.add(key)
+            self._cond.notify_all()
+
     def keys(self) -> list[str]:
         """The trials the host serves (members, and those with a final report to fetch)."""
         with self._cond:
@@ -183,10 +194,10 @@ class PackHost:
         with self._cond:
             if self._closed:
                 return False
-            leaving, joins = self._leaving, self._joins
-            self._leaving, self._joins = set(), []
+            leaving, joins, failing = self._leaving, self._joins, self._failing
+            self._leaving, self._joins, self._failing = set(), [], {}
         for key in leaving:
-            self._drop(key)
+            self._drop(key, error=failing.get(key))
         deferred = []
         for request in joins:
             if self._must_wait(request):
@@ -264,14 +275,17 @@ class PackHost:
         if announce:
             self._on_leave(key)
 
-    def _drop(self, key: str, announce: bool = True) -> None:
+    def _drop(self, key: str, announce: bool = True, error: BaseException | None = None) -> None:
         """Forget the trial: out of the pack, its unfetched report and checkpoint removed
-        (``announce``: see :meth:`_free`)."""
+        (``announce``: see :meth:`_free`); with ``error``, what its trial's next report
+        raises (set in the same step, so the trial never finds it merely gone)."""
         with self._cond:
             self._serving.discard(key)
             self._held.discard(key)
             unfetched = self._mail.pop(key, None)
             self._errors.pop(key, None)
+            if error is not None:
+                self._errors[key] = error
             folders = [self._delivered.pop(key, None), unfetched and unfetched.folder]
             self._cond.notify_all()
         if any(m.key == key for m in self.pack.members):

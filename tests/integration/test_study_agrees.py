@@ -1,20 +1,25 @@
 """The Optuna study of a finished search says what raypeft says: its objective is named, its
 best trial is the configuration raypeft chose (and registered), and it names that trial; with
-repeated seeds, the seed-means study's best trial is the configuration chosen by mean."""
+repeated seeds, the seed-means study's best trial is the configuration chosen by mean. Where
+the study could not record a trial's end, the search's summary names that trial."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 from mlflow.tracking import MlflowClient
+from optuna.trial import TrialState
 
 from raypeft.search.seed_means import SEED_MEANS_STUDY_ATTR, SOURCE_TRIAL_ATTR
 from raypeft.search.study import CHOSEN_ATTR, TUNE_TRIAL_ATTR
 from raypeft.tracking.tags import BEST_TRIAL_TAG, OPTUNA_SEED_MEANS_TAG
-from tests.helpers import run_cli, tiny_experiment
+from tests.helpers import TINY_SEARCH_BASE, run_cli, tiny_experiment
+from tests.replay_tables import grid_table
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("shared_ray")]
 
@@ -72,3 +77,40 @@ def test_with_repeats_the_seed_means_study_names_the_champion(tmp_path):
     champion = client.get_model_version_by_alias("tiny-dept", "champion")
     assert champion.run_id == parent.data.tags["raypeft.best_run_id"]
     assert f"seed means: study {name!r} (its best trial is the chosen" in proc.stdout
+
+
+def test_a_trial_whose_end_the_study_refuses_is_named_by_the_summary(tmp_path):
+    """The study's database refuses every trial's end (a trigger; attributes and values are
+    still written), in a replayed search of two trials: the search finishes with both
+    results, and its summary names both trials in one line, with the database's reason,
+    while the study holds them RUNNING."""
+    grid = {"method.lr_prompt": [0.1, 0.3]}
+    cfg = {
+        "name": "refused-ends",
+        **TINY_SEARCH_BASE,
+        "space": {key: {"grid": values} for key, values in grid.items()},
+        "search": {"num_samples": 2, "sampler": "grid", "scheduler": {"type": "none"}},
+        "resources": {"trial_runner": "replay"},
+        "replay": {"table": str(tmp_path / "table.json"), "time_scale": 0},
+        "run": {"storage_path": str(tmp_path / "ray_results")},
+    }
+    grid_table(tmp_path / "table.json", cfg, grid, [0], [4, 8, 12])
+    path = tmp_path / "refused.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    url = f"sqlite:///{tmp_path / 'optuna.db'}"
+    optuna.storages.RDBStorage(url)  # Optuna's tables, to put the trigger on
+    with sqlite3.connect(tmp_path / "optuna.db") as db:
+        db.execute(
+            "CREATE TRIGGER refuse_ends BEFORE UPDATE OF state ON trials "
+            "WHEN NEW.state != 'RUNNING' BEGIN SELECT * FROM \"no ends recorded here\"; END"
+        )
+
+    proc = run_cli(["tune", "--space", str(path), "--quiet"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Search finished: 2 trials (0 stopped early, 0 failed)" in proc.stdout
+    (line,) = [x for x in proc.stdout.splitlines() if "could not record how" in x]
+    study = optuna.load_study(study_name="refused-ends", storage=url)
+    assert [t.state for t in study.trials] == [TrialState.RUNNING] * 2
+    for trial in study.trials:
+        assert f"{trial.user_attrs[TUNE_TRIAL_ATTR]} (Optuna trial {trial.number}: " in line
+    assert line.count("no such table: main.no ends recorded here") == 2

@@ -166,6 +166,20 @@ def test_a_stopped_member_leaves_and_the_next_trial_takes_its_slot(host):
     assert host.left.count("a") == 1
 
 
+def test_a_member_made_to_fail_leaves_and_its_trial_gets_the_reason(host):
+    """What watches a member's trial found it cannot go on (PackHost.fail): the member
+    leaves, its slot is free, and its trial's next report raises the reason, never a bare
+    MemberGone; the other member trains on."""
+    host.join(MemberSpec("a", experiment(2, max_steps=8)))
+    host.join(MemberSpec("b", experiment(3, max_steps=8)))
+    host.next_report("a", timeout=60)  # a is held at its first report
+    host.fail("a", RuntimeError("its actor cannot be asked"))
+    with pytest.raises(RuntimeError, match="^its actor cannot be asked$"):
+        host.next_report("a", timeout=60)
+    assert [r["step"] for r in relay(host, "b")] == [2, 4, 6, 8]
+    assert host.left == ["a", "b"]  # a's slot was freed once, as it failed
+
+
 def test_a_join_waits_for_the_slot_of_a_trial_that_is_leaving(task):
     """A trial seated by the registry may arrive before the leave of the trial whose slot
     it takes: it waits for that slot rather than being refused."""

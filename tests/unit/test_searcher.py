@@ -7,6 +7,7 @@ completion), on a real sqlite Optuna storage; the study is then read back with O
 from __future__ import annotations
 
 import math
+import sqlite3
 import warnings
 
 import optuna
@@ -37,6 +38,7 @@ from raypeft.search.study import (
     prepare_study,
     remaining_grid_points,
     this_driver,
+    unrecorded_ends,
 )
 from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
@@ -148,6 +150,57 @@ def test_failed_trial_is_failed_not_pruned(tmp_path):
     search.on_trial_complete("a", None, error=True)
     (trial,) = optuna.load_study(study_name="study", storage=url).trials
     assert trial.state == TrialState.FAIL
+
+
+def refuse_ends(url: str, loudly: bool = True) -> None:
+    """Make the study's sqlite file refuse to record any trial's end, attributes and
+    intermediate values still written: a trigger on every change of a trial's state away from
+    RUNNING. ``loudly``: it reads a table that does not exist (the storage raises); else it
+    aborts the change (a constraint: Optuna's sqlite storage drops the end silently)."""
+    body = (
+        'SELECT * FROM "this study refuses to record ends"'
+        if loudly
+        else "SELECT RAISE(ABORT, 'this study refuses to record ends')"
+    )
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as db:
+        db.execute(
+            "CREATE TRIGGER refuse_ends BEFORE UPDATE OF state ON trials "
+            f"WHEN NEW.state != 'RUNNING' BEGIN {body}; END"
+        )
+
+
+def test_a_failed_tell_is_kept_with_its_reason_and_found_in_the_study(tmp_path):
+    """The study refusing a trial's end does not fail the Tune trial (it trained): the
+    searcher keeps why, and the study, read back, holds the trial RUNNING though Tune ended
+    it: what the search's summary names."""
+    search, url = make_search(tmp_path, [ACC])
+    refuse_ends(url)
+    search.suggest("a")
+    search.suggest("b")
+    search.on_trial_result("a", result(10, 0.5))
+    search.on_trial_complete("a", result(30, 0.7))  # no exception reaches Tune
+    ((number, (tune_id, why)),) = search.untold_trials().items()
+    assert (number, tune_id) == (0, "a")
+    assert why.startswith("StorageInternalError: ")
+    assert "no such table: main.this study refuses to record ends" in why and "\n" not in why
+    study = optuna.load_study(study_name="study", storage=url)
+    assert [t.state for t in study.trials] == [TrialState.RUNNING] * 2
+    assert study.trials[0].user_attrs[METRICS_ATTR]["best_val_accuracy"] == 0.7
+    # "b" is still training: only what Tune ended is unrecorded
+    assert unrecorded_ends(open_storage(url), "study", "parent123", {"a"}) == {0: "a"}
+    assert unrecorded_ends(open_storage(url), "study", "another-search", {"a"}) == {}
+
+
+def test_an_end_the_storage_drops_silently_is_found_in_the_study(tmp_path):
+    """Optuna's sqlite storage answers an integrity error at a trial's end by dropping the
+    end, and ``study.tell`` returns as if it had recorded it: only the study, read back,
+    shows the trial RUNNING."""
+    search, url = make_search(tmp_path, [ACC])
+    refuse_ends(url, loudly=False)
+    search.suggest("a")
+    search.on_trial_complete("a", result(30, 0.7))
+    assert search.untold_trials() == {}
+    assert unrecorded_ends(open_storage(url), "study", "parent123", {"a"}) == {0: "a"}
 
 
 def test_multi_objective_values_and_constraints(tmp_path):

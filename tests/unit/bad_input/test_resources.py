@@ -50,6 +50,19 @@ CASES: list[Case] = [
         ("resources.gpus_per_worker", "`gpus_per_worker >= 1` must hold", "workers_per_trial=2"),
     ),
     Case(
+        "fp16-with-auto-on-a-machine-without-a-gpu",  # the schema cannot know: auto may find one
+        exp(train__precision="fp16"),
+        ("train.precision", "fp16 needs a GPU", "use_gpu: auto found none on this machine"),
+        needs_no_gpu=True,
+    ),
+    Case(
+        "address-that-is-not-one",
+        exp(),
+        ("--address 'not an address'", "not a Ray cluster's address", "must be", "host:port"),
+        args=("--address", "not an address"),
+        in_process=True,
+    ),
+    Case(
         "worker-needs-more-cpus-than-the-machine",
         exp(resources={"cpus_per_worker": CPUS + 1}),
         ("resources.cpus_per_worker", f"`cpus_per_worker <= {CPUS}` must hold"),
