@@ -21,9 +21,9 @@ from pyarrow import fs
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
-log = logging.getLogger(__name__)
+from raypeft.tracking.callback import checkpoints_beside
 
-CHECKPOINT_PREFIX = "checkpoint_"  # Tune's name for a trial's checkpoint folders
+log = logging.getLogger(__name__)
 
 
 class SupersededCheckpoints(Callback):
@@ -40,15 +40,8 @@ def delete_superseded(filesystem: fs.FileSystem, latest: str) -> list[str]:
     """Delete the checkpoint folders beside ``latest`` (a path on ``filesystem``, local or
     remote) older than it; the paths deleted. A folder that cannot be deleted is left, with a
     warning: it costs disk, not correctness."""
-    parent, name = posixpath.split(latest.rstrip("/"))
-    found = filesystem.get_file_info(fs.FileSelector(parent, allow_not_found=True))
-    older = sorted(
-        info.path
-        for info in found
-        if info.type == fs.FileType.Directory
-        and info.base_name.startswith(CHECKPOINT_PREFIX)
-        and info.base_name < name  # zero-padded indices: older sorts first
-    )
+    name = posixpath.basename(latest.rstrip("/"))
+    older = [p for p in checkpoints_beside(filesystem, latest) if posixpath.basename(p) < name]
     deleted = []
     for path in older:
         try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NOTE
-from pyarrow.fs import FileSystem, LocalFileSystem
+from pyarrow.fs import FileSelector, FileSystem, FileType, LocalFileSystem
 from ray.train import Checkpoint
 from ray.tune import Callback
 from ray.tune.experiment import Trial
@@ -191,7 +192,31 @@ def checkpoint_dir(
         return None
     if isinstance(checkpoint.filesystem, LocalFileSystem):
         return Path(checkpoint.path)  # read in place: no copy
-    return Path(checkpoint.to_directory())  # remote storage (e.g. S3): download once
+    try:
+        return Path(checkpoint.to_directory())  # remote storage (e.g. S3): download once
+    except FileNotFoundError:
+        # a snapshot older than the trial's end names a checkpoint deleted since
+        # (raypeft.search.superseded): the newest beside it is the trial's last, its best
+        beside = checkpoints_beside(checkpoint.filesystem, checkpoint.path)
+        if not beside:
+            raise
+        return Path(Checkpoint(beside[-1], filesystem=checkpoint.filesystem).to_directory())
+
+
+CHECKPOINT_PREFIX = "checkpoint_"  # Tune's name for a trial's checkpoint folders
+
+
+def checkpoints_beside(filesystem: FileSystem, path: str) -> list[str]:
+    """The paths of the checkpoint folders in the folder that holds ``path`` (a trial's
+    checkpoint on ``filesystem``, local or remote; it need not exist any more), oldest first
+    (Tune's indices are zero-padded)."""
+    parent = posixpath.dirname(path.rstrip("/"))
+    found = filesystem.get_file_info(FileSelector(parent, allow_not_found=True))
+    return sorted(
+        info.path
+        for info in found
+        if info.type == FileType.Directory and info.base_name.startswith(CHECKPOINT_PREFIX)
+    )
 
 
 class MLflowTrialCallback(Callback):
