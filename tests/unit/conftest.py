@@ -61,3 +61,22 @@ def dept_table_file(tmp_path):
     path = tmp_path / "table.json"
     table.save(path)
     return path
+
+
+@pytest.fixture
+def local_ray():
+    """A local Ray for this test (two CPUs, no dashboard), unless the process has one."""
+    import ray  # why: only the tests that ask for it start Ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(
+            address="local",
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+        )
+    yield
+    if started:
+        ray.shutdown()

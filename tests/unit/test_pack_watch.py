@@ -5,7 +5,6 @@ task of tests/unit/test_pack_host.py."""
 
 from __future__ import annotations
 
-import pytest
 import ray
 from ray import tune
 
@@ -15,23 +14,6 @@ from raypeft.search import packs
 from raypeft.search.packs import Place, Seat, backbone_group, open_packs
 from raypeft.training.pack import MemberSpec
 from tests.unit.test_pack_host import experiment, task  # noqa: F401 - task: the fixture
-
-
-@pytest.fixture
-def local_ray():
-    """A local Ray for this test, unless the process already has one."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            address="local",
-            num_cpus=2,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="ERROR",
-        )
-    yield
-    if started:
-        ray.shutdown()
 
 
 def unanswerable_actor():

@@ -11,8 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 RAYPEFT = Path(__file__).resolve().parents[2] / "raypeft"
 
 
@@ -76,25 +74,6 @@ def test_the_token_auth_notice_comes_from_the_logger_raypeft_quiets():
         "ray._private.authentication.authentication_token_setup"
     )
     assert module.logger.name.startswith("ray._private.authentication.")
-
-
-@pytest.fixture
-def local_ray():
-    """A local Ray for this test, unless the process already has one."""
-    import ray
-
-    started = not ray.is_initialized()
-    if started:
-        ray.init(
-            address="local",
-            num_cpus=1,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="ERROR",
-        )
-    yield
-    if started:
-        ray.shutdown()
 
 
 def _note(log: Path, line: str) -> None:
