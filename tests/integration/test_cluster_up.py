@@ -593,6 +593,7 @@ class Busy:
 
     output: str  # what `ray job submit` printed
     processes: dict[str, list[Seen]]  # host name -> its processes
+    sockets: dict[str, dict]  # host name -> its listening sockets (:func:`listening`)
 
 
 def read_processes(host: Host) -> list[Seen]:
@@ -613,18 +614,19 @@ def busy(cluster) -> Busy:
     submitted = {}
     job = threading.Thread(target=lambda: submitted.update(proc=cluster.submit("placed.yaml")))
     job.start()
-    processes = None
+    processes = sockets = None
     try:
         while job.is_alive() and processes is None:
             if all(trials_on(cluster.hosts[name]) for name in ("w1", "w2")):
                 processes = {name: read_processes(h) for name, h in cluster.hosts.items()}
+                sockets = {name: listening(h) for name, h in cluster.hosts.items()}
             time.sleep(0.2)
     finally:
         job.join()
     assert "proc" in submitted, "the job's submission raised"
     # catches: trials too short to be seen at work (the reads would prove nothing)
     assert processes is not None, submitted["proc"].stdout[-3000:]
-    return Busy(submitted["proc"].stdout, processes)
+    return Busy(submitted["proc"].stdout, processes, sockets)
 
 
 # ----------------------------------------------------------------------------- tests
@@ -851,12 +853,15 @@ def test_database_passwords_stay_with_the_heads_writers(cluster, busy):
 
 
 def test_every_listening_socket_is_in_the_security_table(cluster, busy):
-    """After a search (so that the nodes have the worker processes it left): every socket."""
+    """Every socket, read while a search's trials trained (its driver and trial workers
+    listen then; Ray ends idle workers soon after) and again now."""
     table = socket_table()
     seen = {}
-    for name, host in cluster.hosts.items():
+    readings = [(name, busy.sockets[name]) for name in cluster.hosts]
+    readings += [(name, listening(host)) for name, host in cluster.hosts.items()]
+    for name, sockets in readings:
         kind = "head" if name == "head" else "worker"
-        for found, process in listening(host).items():
+        for found, process in sockets.items():
             seen.setdefault(found, set()).add(kind)
             # catches: a socket nobody documented, or one on a wider address than documented
             assert found in table and kind in table[found], (name, found, process, sorted(table))
