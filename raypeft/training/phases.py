@@ -75,7 +75,10 @@ def timed_phase(name: str) -> Callable[[Callable], Callable]:
     def decorate(method: Callable) -> Callable:
         @functools.wraps(method)
         def timed(self, *args, **kwargs):
-            timer = self.phase_s.setdefault(_trial_id(args, kwargs), PhaseTimer())
+            # an object unpickled from a search started before it had phase_s (a resumed
+            # search's searcher, as Tune saved it) gets one here
+            timers = self.__dict__.setdefault("phase_s", {})
+            timer = timers.setdefault(_trial_id(args, kwargs), PhaseTimer())
             timer.marks.setdefault(name, time.time())
             start = time.perf_counter()
             try:

@@ -50,3 +50,11 @@ def test_driver_hooks_time_the_trial_they_are_about():
     assert set(hooks.phase_s["t2"].marks) == {"optuna_tell"}
     both = merged(hooks.phase_s, {"t1": hooks.phase_s["t2"]})
     assert set(both["t1"].seconds) == {"mlflow_result", "optuna_tell"}
+
+
+def test_a_hook_of_an_object_saved_before_it_had_phases_still_runs():
+    """A resumed search's searcher comes back as Tune pickled it, maybe without ``phase_s``."""
+    hooks = Hooks()
+    del hooks.phase_s
+    assert hooks.on_trial_complete("t1") == "t1"
+    assert set(hooks.phase_s["t1"].seconds) == {"optuna_tell"}
