@@ -16,6 +16,7 @@ Nothing is written.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -147,7 +148,9 @@ def _ask(call: Callable[..., Any], *args: Any, invalid: type[Exception] | None =
 
 def _first_line(exc: BaseException) -> str:
     text = redact_uri(str(exc).strip().splitlines()[0])[:300] if str(exc).strip() else ""
-    return text or type(exc).__name__
+    # the AWS SDK says how long it waited ("... after 2 ms: Couldn't connect"): the same
+    # refusal reads the same every time
+    return re.sub(r" after \d+ ms", "", text) or type(exc).__name__
 
 
 def _impatient_s3(uri: str, region: str | None = None):
