@@ -218,6 +218,24 @@ def run_driver(script: str, experiment: Path, cwd: Path) -> subprocess.Completed
     )
 
 
+def run_benchmark(
+    module: str, args: list[str], cwd: Path, path: list[Path]
+) -> subprocess.CompletedProcess:
+    """``python -m MODULE ARGS`` in ``cwd`` with ``path`` as its PYTHONPATH; asserts it
+    succeeded (its output's tail in the message) and returns it."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in path)}
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc
+
+
 def children(client: MlflowClient, experiment_id: str, parent_id: str):
     """The MLflow runs nested under ``parent_id`` (a search's trials)."""
     return client.search_runs([experiment_id], f"tags.mlflow.parentRunId = '{parent_id}'")

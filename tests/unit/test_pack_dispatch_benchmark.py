@@ -4,14 +4,12 @@ its members stepping one after another. Structure only: no count or time is judg
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from benchmarks import pack_dispatch
 from benchmarks.gpu_step import Setting
 from raypeft.methods import METHODS
+from tests.helpers import run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 KS = ["1", "2"]  # --smoke's
@@ -36,16 +34,7 @@ def _count(cell: str) -> int:
 
 
 def test_every_packing_method_and_k_gets_its_operator_count(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.pack_dispatch", "--smoke"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = run_benchmark("benchmarks.pack_dispatch", ["--smoke"], tmp_path, [REPO])
     out = proc.stdout
     assert out.startswith("Command: python -m benchmarks.pack_dispatch --smoke\nMachine: CPU ")
 
