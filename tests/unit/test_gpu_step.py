@@ -6,12 +6,12 @@ the K processes it starts."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "benchmarks.gpu_step"
@@ -32,18 +32,9 @@ def _blocked_packages(folder: Path) -> Path:
 
 def test_gpu_step_runs_without_ray_mlflow_optuna_datasets(tmp_path):
     blocked = _blocked_packages(tmp_path / "blocked")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked), str(REPO)])}
     args = ["--tiny", "--steps", "2", "--warmup", "1", "--batch-size", "4", "--seq-len", "16"]
     args += ["--share", "1,2", "--share-methods", "pt", "--share-precisions", "bf16"]
-    proc = subprocess.run(
-        [sys.executable, "-m", MODULE, *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = run_benchmark(MODULE, args, tmp_path, [blocked, REPO])
     first, second = proc.stdout.split("K trials sharing the device")
     steps = _rows(first)
     assert {(r[1], r[2]) for r in steps} == {(m, p) for m in METHODS for p in ("fp32", "bf16")}

@@ -5,10 +5,9 @@ the processes it starts."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
+
+from tests.helpers import run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "benchmarks.packing"
@@ -28,18 +27,9 @@ def _blocked_packages(folder: Path) -> Path:
 
 def test_packing_benchmark_prints_packed_against_separate_trials(tmp_path):
     blocked = _blocked_packages(tmp_path / "blocked")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked), str(REPO)])}
     args = ["--tiny", "--methods", "pt", "--ks", "1,2", "--steps", "2", "--warmup", "1"]
     args += ["--batch-size", "4", "--seq-len", "16", "--precision", "fp32"]
-    proc = subprocess.run(
-        [sys.executable, "-m", MODULE, *args],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    proc = run_benchmark(MODULE, args, tmp_path, [blocked, REPO])
     rows = [
         [cell.strip() for cell in line.split("|")[1:-1]]
         for line in proc.stdout.splitlines()
