@@ -59,6 +59,7 @@ HEAD_ENV=~/.raypeft/head.env         # the head's alone: never a file mount
 HEAD_ONLY="MLFLOW_BACKEND_STORE_URI|RAYPEFT_SEARCH_STORAGE|PGPASSWORD|MLFLOW_ARTIFACTS_DESTINATION"
 # The first line of a cluster.env the head has split: a fresh copy from the laptop lacks it.
 SPLIT_MARK="# split by node.sh on the head: its database lines are in ~/.raypeft/head.env"
+HEAD_ONLY_LINE="^[[:space:]]*(export[[:space:]]+)?($HEAD_ONLY)=" # one such assignment
 
 REPO=~/raypeft
 STATE=~/raypeft-state
@@ -111,11 +112,10 @@ split_head_secrets() {
   refuse_readable "$CLUSTER_ENV"
   [ -f "$CLUSTER_ENV" ] || return 0
   if [ "$(head -n 1 "$CLUSTER_ENV")" = "$SPLIT_MARK" ]; then return 0; fi
-  local pattern="^[[:space:]]*(export[[:space:]]+)?($HEAD_ONLY)="
   (
     umask 077
-    grep -E "$pattern" "$CLUSTER_ENV" > "$HEAD_ENV.new" || true
-    { echo "$SPLIT_MARK"; grep -vE "$pattern" "$CLUSTER_ENV" || true; } > "$CLUSTER_ENV.new"
+    grep -E "$HEAD_ONLY_LINE" "$CLUSTER_ENV" > "$HEAD_ENV.new" || true
+    { echo "$SPLIT_MARK"; grep -vE "$HEAD_ONLY_LINE" "$CLUSTER_ENV" || true; } > "$CLUSTER_ENV.new"
   )
   mv "$HEAD_ENV.new" "$HEAD_ENV"
   mv "$CLUSTER_ENV.new" "$CLUSTER_ENV"
@@ -126,13 +126,12 @@ split_head_secrets() {
 export_worker_env() {
   refuse_readable "$CLUSTER_ENV"
   [ -f "$CLUSTER_ENV" ] || return 0
-  local pattern="^[[:space:]]*(export[[:space:]]+)?($HEAD_ONLY)="
-  if grep -qE "$pattern" "$CLUSTER_ENV"; then
+  if grep -qE "$HEAD_ONLY_LINE" "$CLUSTER_ENV"; then
     echo "node.sh: $CLUSTER_ENV on a worker holds database lines; they are not exported" >&2
   fi
   set -a
   # shellcheck source=/dev/null
-  . <(grep -vE "$pattern" "$CLUSTER_ENV" || true)
+  . <(grep -vE "$HEAD_ONLY_LINE" "$CLUSTER_ENV" || true)
   set +a
 }
 
