@@ -11,6 +11,9 @@ output written to ``$OUT`` as it goes (docs/performance.md, "On a GPU machine").
     c. ``benchmarks.peer_search`` (raypeft against ``Trainer.hyperparameter_search``);
     d. with the time left: the recorded DePT grid on MR (benchmarks/results/table_dept_mr.json)
        in packs, exported as a learning-curve table.
+    e. only where asked for (``--steps e``): ``benchmarks.trial_phases``, where a trial's
+       seconds go (tiny BERT, then dept.yaml's MiniLM DePT, short trials one at a time on a
+       reused actor), the first trial against the later ones.
 
 Every step runs in processes of its own under a time limit (its cap, and never past the run's
 ``--budget``): a step that fails or runs out of time writes what it has and why, and the run
@@ -50,8 +53,10 @@ from benchmarks.common.paths import REPO, RESULTS, SHIPPED_SEARCH
 # the second. On the H200 of 2026-11-28 the shipped search's GPU probe alone took over 68 s and
 # step a's MiniLM DePT rows (K = 1..16) 202 s, hence b's 240 and a's order (PT first: DePT's
 # rows are recorded). d runs only where asked for (`--steps d`) and a call has time left.
-CAPS = {"a": 210, "b": 240, "c": 60, "d": 30}
-CPU_CAPS = {"a": 400, "b": 700, "c": 500, "d": 500}  # a 2-core machine, maybe shared
+# e (trial phases) was not run on a GPU yet: 150 s is the GPU probe's ~70 s, two searches'
+# start and end, and eight short trials.
+CAPS = {"a": 210, "b": 240, "c": 60, "d": 30, "e": 150}
+CPU_CAPS = {"a": 400, "b": 700, "c": 500, "d": 500, "e": 400}  # a 2-core machine, maybe shared
 TUNE_SHARE = 0.6  # step b: the first search's share of the step's time (it probes the GPU first)
 RAYPEFT = [sys.executable, "-c", "import sys; sys.argv[0] = 'raypeft'; "
            "from raypeft.cli.main import run; run()"]  # fmt: skip
@@ -404,6 +409,15 @@ def step_d(run: Run, log: StepLog, started: float) -> None:
     log.say(f"figures: {json.dumps(search_figures(uri) if stored else {})}")
 
 
+# ----------------------------------------------------------------------------- e: phases
+
+
+def step_e(run: Run, log: StepLog, started: float) -> None:
+    """Where a trial's seconds go: the first trial on an actor against the later ones."""
+    argv = [sys.executable, "-m", "benchmarks.trial_phases", *(["--smoke"] if run.cpu else [])]
+    run_command(log, argv, run.limit("e", started), run.work, run.env)
+
+
 # ----------------------------------------------------------------------------- main
 
 STEPS: dict[str, tuple[str, str, Callable[[Run, StepLog, float], None]]] = {
@@ -411,6 +425,7 @@ STEPS: dict[str, tuple[str, str, Callable[[Run, StepLog, float], None]]] = {
     "b": ("b_tune_dept.md", "b. raypeft tune search_spaces/dept.yaml on this device", step_b),
     "c": ("c_peer_search.md", "c. raypeft against Trainer.hyperparameter_search", step_c),
     "d": ("d_mr_grid.md", "d. the DePT grid on MR in packs (a learning-curve table)", step_d),
+    "e": ("e_trial_phases.md", "e. where a trial's seconds go (benchmarks.trial_phases)", step_e),
 }
 
 

@@ -63,6 +63,10 @@ class SearchSummary:
     published: Published | None = None  # the chosen model in MLflow (pyfunc, registry)
     # seconds each phase took, in order (prepare, open_records, fit, analyse, finish)
     phase_s: dict[str, float] = field(default_factory=dict)
+    test_split_s: float = 0.0  # of finish: the chosen trial scored on the test split
+    # trial id -> the driver's seconds on it (MLflow records, Optuna), a PhaseTimer each; the
+    # trial's own phases are in its results (phase_s/<name>: raypeft.training.phases)
+    trial_driver_phases: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

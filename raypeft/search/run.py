@@ -101,6 +101,7 @@ from raypeft.tracking.tags import (
     OPTUNA_STUDY_TAG,
     TUNE_PATH_TAG,
 )
+from raypeft.training.phases import PhaseTimer, merged
 from raypeft.training.result_keys import RESTARTED_KEY
 
 
@@ -205,6 +206,9 @@ class Fitted:
     runner: TuneRunner
     results: ResultGrid
     unrecorded: list[str] = field(default_factory=list)
+    # trial id -> the driver's seconds on it (MLflow records, Optuna), from the objects that
+    # spent them (raypeft.training.phases.timed_phase)
+    driver_phases: dict[str, PhaseTimer] = field(default_factory=dict)
 
 
 def run_experiment(
@@ -239,6 +243,7 @@ def run_experiment(
             with clock.phase("finish"):
                 summary = finish(prep, records, outcome, opts, start)
             summary.phase_s = clock.seconds
+            summary.trial_driver_phases = fitted.driver_phases
             return summary
         except (KeyboardInterrupt, SearchInterrupted):
             with interrupts.deferred():
@@ -546,7 +551,9 @@ def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
     unrecorded = _unrecorded(records, results, made[0] if made else None)
     if records.resuming:
         fail_orphans(records.study.storage, records.study.study_name, records.parent_run_id)
-    return Fitted(runner, results, unrecorded)
+    searcher_phases = made[0].phase_s if made else {}
+    driver = merged(records.tracker.phase_s, records.trial_records.phase_s, searcher_phases)
+    return Fitted(runner, results, unrecorded, driver)
 
 
 def _unrecorded(records: Records, results: ResultGrid, searcher: StudySearcher | None) -> list[str]:
@@ -638,16 +645,19 @@ def finish(
     run with the best configuration, its metrics and model."""
     cfg, data, tracker = prep.cfg, prep.data, records.tracker
     folder = tracker.best_checkpoint_dir(outcome.best.trial_id)
-    test = {}
+    test, test_split_s = {}, 0.0
     if cfg.resources.trial_runner == "replay":  # its checkpoints hold untrained models
         opts.say("Replayed trials: the test split is not scored (the table records validation)")
     elif folder is not None:
         opts.say("Evaluating the best configuration on the test split ...")
+        scoring = time.perf_counter()
         test = score_on_test(cfg, data, folder)
+        test_split_s = time.perf_counter() - scoring
     if outcome.repeats and cfg.resources.trial_runner != "replay":
         chosen = outcome.ranked_repeats[0]
         test.update(score_seeds_on_test(cfg, data, chosen, tracker, opts.say))
     summary = _summary(prep, records, outcome, test, wall_s=time.time() - start)
+    summary.test_split_s = test_split_s
     summary.published = publish_best(
         records.client, cfg, summary, outcome.best, folder, records.trial_records.models, opts.say
     )

@@ -42,6 +42,7 @@ from raypeft.search.study import (
     storage_id,
     this_driver,
 )
+from raypeft.training.phases import PhaseTimer, timed_phase
 from raypeft.training.result_keys import FAILURE_KEY, ran_to_end
 
 logger = logging.getLogger(__name__)
@@ -146,12 +147,14 @@ class StudySearcher(Searcher):
         self.driver: str | None = None
         # trial number -> why the study could not record its end (what study.tell raised)
         self.untold: dict[int, str] = {}
+        self.phase_s: dict[str, PhaseTimer] = {}  # Tune trial id -> Optuna's seconds on it
         for point in points_to_evaluate or []:
             self.study.enqueue_trial(point)
         self._note_driver()
 
     # ------------------------------------------------------------------ Ray Tune hooks
 
+    @timed_phase("optuna_ask")
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         """The next configuration to train. With ``answer_repeats``, a proposal of a
         configuration this search already holds is answered from it (not a trial: Tune's
@@ -177,6 +180,7 @@ class StudySearcher(Searcher):
         trial = self._ask()
         return self._claim(trial_id, trial, self._config(trial))
 
+    @timed_phase("optuna_report")
     def on_trial_result(self, trial_id: str, result: dict) -> None:
         """An evaluation: the primary objective's value at its training step (Optuna keeps no
         intermediate values for several objectives)."""
@@ -189,6 +193,7 @@ class StudySearcher(Searcher):
         step = int(result.get("step", result.get("training_iteration", 0)))
         self._report(self.trials[trial_id], float(value), step)
 
+    @timed_phase("optuna_tell")
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False):
         """The trial's end: FAIL (an error, a diverged loss, no objective value), PRUNED
         (stopped on the objective before its own last step), else COMPLETE."""

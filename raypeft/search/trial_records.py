@@ -20,6 +20,7 @@ from raypeft.tracking.datasets import log_dataset_inputs
 from raypeft.tracking.models import log_pyfunc_model
 from raypeft.tracking.system_metrics import system_metrics
 from raypeft.tracking.tags import PYFUNC_ERROR_TAG
+from raypeft.training.phases import PhaseTimer, timed_phase
 from raypeft.training.result_keys import FAILURE_KEY
 
 log = logging.getLogger(__name__)
@@ -40,10 +41,12 @@ class TrialRecordsCallback(Callback):
         self._with_inputs: set[str] = set()  # run ids whose dataset inputs are logged
         self._system_steps: dict[str, int] = {}  # trial id -> last step of system metrics
         self.models: dict[str, str] = {}  # trial id -> logged pyfunc model id
+        self.phase_s: dict[str, PhaseTimer] = {}  # trial id -> this callback's seconds on it
 
     def _run_id(self, trial: Trial) -> str | None:
         return self.tracker.run_ids.get(trial.trial_id)
 
+    @timed_phase("mlflow_inputs")
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         run_id = self._run_id(trial)
         if run_id is None or run_id in self._with_inputs:
@@ -53,6 +56,7 @@ class TrialRecordsCallback(Callback):
         if not (run.inputs and run.inputs.dataset_inputs):  # a resumed run has them already
             log_dataset_inputs(self.tracker.client, run_id, self.inputs)
 
+    @timed_phase("mlflow_system")
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info
     ):
@@ -71,6 +75,7 @@ class TrialRecordsCallback(Callback):
         metrics = [Metric(k, v, timestamp, step) for k, v in values.items()]
         self.tracker.client.log_batch(run_id, metrics=metrics)
 
+    @timed_phase("mlflow_model")
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         if self.log_models != "all":
             return

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import ray
 import torch
 from ray import tune
@@ -20,6 +22,8 @@ from raypeft.data import TokenizedTask
 from raypeft.search.resources import ray_train_scaling, worker_request
 from raypeft.tracking.system_metrics import sampler_for
 from raypeft.training.loop import train
+from raypeft.training.phases import PhaseTimer
+from raypeft.training.result_keys import ENTERED_KEY, TRIAL_IN_PROCESS_KEY
 
 # The Tune function that drives a Ray Train run needs no CPU of its own; Ray rejects an
 # all-zero request, so it asks for a sliver of memory instead (works on any cluster).
@@ -60,8 +64,28 @@ def assigned_device() -> torch.device:
     return torch.device(f"cuda:{int(ids[0])}" if ids[0].isdigit() else "cuda")
 
 
+# How many trials this process has entered: Tune reuses a trial's actor for the next one
+# (reuse_actors), and only the first pays for the process's start and imports.
+_trials_entered = 0
+
+
+def trial_started() -> tuple[PhaseTimer, dict]:
+    """A trial's phase timer, started on entry into its function, and what its results say of
+    its start (:data:`ENTERED_KEY`, :data:`TRIAL_IN_PROCESS_KEY`). The process's first trial
+    counts the process's life so far as ``process_start`` (Ray's worker start, its imports,
+    the trainable's unpickling; a worker Ray started ahead also its wait)."""
+    global _trials_entered
+    _trials_entered += 1
+    phases, entered = PhaseTimer(), time.time()
+    if _trials_entered == 1:
+        phases.add("process_start", max(0.0, entered - psutil.Process().create_time()))
+    return phases, {ENTERED_KEY: entered, TRIAL_IN_PROCESS_KEY: _trials_entered}
+
+
 def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) -> None:
     """Tune function trainable: train the trial right here (single worker)."""
+    entered = time.perf_counter()
+    phases, start = trial_started()
     torch.set_num_threads(threads)
     cfg = trial_config(ExperimentConfig.model_validate(base), config)
     task: TokenizedTask = ray.get(data_ref[0])
@@ -70,17 +94,20 @@ def trial_in_process(config: dict, *, base: dict, data_ref: list, threads: int) 
 
     def report(metrics: dict, folder: Path | None) -> None:
         checkpoint = tune.Checkpoint.from_directory(folder) if folder else None
-        tune.report({**metrics, **worker_identity(device), **sampled()}, checkpoint=checkpoint)
+        result = {**metrics, **worker_identity(device), **sampled(), **start}
+        tune.report(result, checkpoint=checkpoint)
 
     # a trial Tune restarts (its actor died, or `raypeft tune --resume`) continues from its
     # latest checkpoint, which holds the full training state
     with sampled, _checkpoint_folder(tune.get_checkpoint()) as resume_from:
+        phases.add("trial_setup", time.perf_counter() - entered)  # config, task, device
         train(
             cfg,
             task,
             report,
             device=device,
             resume_from=resume_from,
+            phases=phases,
         )
 
 

@@ -49,6 +49,7 @@ from raypeft.tracking.tags import (
     result_tag,
 )
 from raypeft.training.checkpoints import intact_checkpoint
+from raypeft.training.phases import PhaseTimer, timed_phase
 from raypeft.training.result_keys import (
     FAILURE_KEY,
     PACK_ID_KEY,
@@ -247,6 +248,7 @@ class MLflowTrialCallback(Callback):
         self.adopted_steps: dict[str, int] = {}
         self._precision_logged: set[str] = set()  # trial ids whose resolved precision is logged
         self._repeats: set[str] = set()  # trial ids of the repeats' runs (search.repeat_best)
+        self.phase_s: dict[str, PhaseTimer] = {}  # trial id -> this callback's seconds on it
 
     def best_checkpoint_dir(self, trial_id: str) -> Path | None:
         """Local folder of the trial's best checkpoint (the latest one it reported), or, where
@@ -359,6 +361,7 @@ class MLflowTrialCallback(Callback):
             restarts = trial.run_metadata.num_failures
             self.client.set_tag(run_id, RESTARTS_TAG, str(restarts))
 
+    @timed_phase("mlflow_start")
     def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         if trial.trial_id in self.run_ids:  # restarted, or resumed with the search
             reopen_run(self.client, self.client.get_run(self.run_ids[trial.trial_id]))
@@ -389,6 +392,7 @@ class MLflowTrialCallback(Callback):
         params.update(trial.config)  # the sampled keys and derived.*
         log_params(self.client, run.info.run_id, params)
 
+    @timed_phase("mlflow_result")
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info
     ):
@@ -431,6 +435,7 @@ class MLflowTrialCallback(Callback):
         self._precision_logged.add(trial_id)
         return [Param(PRECISION_PARAM, param_text(result[PRECISION_KEY]))]
 
+    @timed_phase("mlflow_end")
     def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info):
         run_id = self.run_ids.get(trial.trial_id)
         if run_id is None:

@@ -33,6 +33,7 @@ from raypeft.training.optimizer import (
     loss_scaler,
     optimizer_step,
 )
+from raypeft.training.phases import PhaseTimer
 from raypeft.training.result_keys import (
     EVALUATION_KEY,
     FAILURE_KEY,
@@ -58,6 +59,7 @@ def train(
     rank: int = 0,
     world_size: int = 1,
     resume_from: Path | None = None,
+    phases: PhaseTimer | None = None,
 ) -> dict[str, float]:
     """Train one configuration; evaluate every ``train.eval_every`` steps and report.
 
@@ -66,26 +68,35 @@ def train(
     ``wrap_model`` lets Ray Train wrap the model in DDP; ``rank`` and ``world_size`` split each
     global batch. The frozen backbone computes in ``train.precision`` resolved on ``device``
     (:mod:`raypeft.modeling.precision`; the model applies it in evaluation too), reported with
-    every evaluation; what trains stays float32. Returns the best validation metrics.
+    every evaluation; what trains stays float32. Every report carries where the trial's seconds
+    went (``phases``, the caller's timer: :mod:`raypeft.training.phases`). Returns the best
+    validation metrics.
     """
     device = device or torch.device("cpu")
+    phases = phases or PhaseTimer()
     meter = TrialMeter(device)
     torch.manual_seed(cfg.train.seed)
-    ensure_features(task, cfg)
+    with phases.phase("data"):  # per-example features, where a method needs them
+        ensure_features(task, cfg)
     precision = resolve_precision(cfg.train.precision, device)
-    model = build_model(cfg, task, device=device, precision=precision).to(device)
-    optimizer = build_optimizer(model, cfg)
-    scaler = loss_scaler(precision, device)  # fp16 only: bf16 and fp32 need no loss scaling
-    scheduler = build_scheduler(optimizer, cfg.train)
-    loop = restore_trial(resume_from, model, optimizer, scheduler)  # fresh, or where it stopped
-    trained = wrap_model(model) if wrap_model else model
-    train_set, val_set = split_dataset(task, cfg, "train"), split_dataset(task, cfg, "validation")
-    sampler, loader = training_batches(train_set, cfg.train, rank, world_size)
+    with phases.phase("model_build"):  # the backbone built, or taken from the process's cache
+        model = build_model(cfg, task, device=device, precision=precision).to(device)
+    with phases.phase("train_setup"):
+        optimizer = build_optimizer(model, cfg)
+        scaler = loss_scaler(precision, device)  # fp16 only: bf16 and fp32 need no loss scaling
+        scheduler = build_scheduler(optimizer, cfg.train)
+        loop = restore_trial(resume_from, model, optimizer, scheduler)  # fresh, or where it was
+        trained = wrap_model(model) if wrap_model else model
+    with phases.phase("data"):
+        train_set = split_dataset(task, cfg, "train")
+        val_set = split_dataset(task, cfg, "validation")
+        sampler, loader = training_batches(train_set, cfg.train, rank, world_size)
     target = TargetMetric.of(cfg, task.spec.primary_metric)
 
     losses: list[float] = []  # training losses since the last evaluation
     trained.train()
-    for batch in batches_from(loop, sampler, loader, cfg.train.max_steps):
+    batches = batches_from(loop, sampler, loader, cfg.train.max_steps)
+    for batch in phases.timed("data", batches):  # the loader's time between the steps
         start = time.perf_counter()
         batch = to_device(batch, device)
         loss = trained(**batch).loss
@@ -95,27 +106,42 @@ def train(
         optimizer_step(loss, model, optimizer, scheduler, cfg.train.max_grad_norm, scaler)
         loop.count_step(len(batch["labels"]) * world_size, time.perf_counter() - start)
         meter.sample_memory()
-        losses.append(loss.item())
+        losses.append(loss.item())  # waits for the device: the step's time is all in
+        phases.add("steps", time.perf_counter() - start)
         if loop.step % cfg.train.eval_every == 0 or loop.step == cfg.train.max_steps:
-            val = evaluate(model, val_set, task.spec.metrics, cfg.train.eval_batch_size, device)
-            train_loss = mean_over_workers(float(np.mean(losses)), world_size)
-            metrics = evaluation_result(
-                val,
-                train_loss,
-                loop,
-                target,
-                sampler.per_epoch,
-                meter,
-                model,
-                precision,
-                cfg.train,
-            )
+            with phases.phase("evaluation"):
+                val = evaluate(model, val_set, task.spec.metrics, cfg.train.eval_batch_size, device)
+                train_loss = mean_over_workers(float(np.mean(losses)), world_size)
+                metrics = evaluation_result(
+                    val,
+                    train_loss,
+                    loop,
+                    target,
+                    sampler.per_epoch,
+                    meter,
+                    model,
+                    precision,
+                    cfg.train,
+                )
             losses = []
-            with checkpoint_folder(rank) as folder:
-                if folder is not None:
-                    write_trial_checkpoint(folder, model, cfg, task, optimizer, scheduler, loop)
-                report(metrics, folder)
+            state = (model, cfg, task, optimizer, scheduler, loop)  # what a checkpoint holds
+            checkpoint_and_report(report, metrics, state, phases, rank)
     return loop.best
+
+
+def checkpoint_and_report(
+    report: Reporter, metrics: dict, state: tuple, phases: PhaseTimer, rank: int
+) -> None:
+    """Write the trial's checkpoint of ``state`` (:func:`write_trial_checkpoint`'s arguments
+    after the folder; on rank 0 only) and report an evaluation's ``metrics`` with it and the
+    trial's phases so far (this report's own time is counted in the next one's)."""
+    with checkpoint_folder(rank) as folder:
+        if folder is not None:
+            with phases.phase("checkpoint_write"):
+                write_trial_checkpoint(folder, *state)
+        metrics.update(phases.result())
+        with phases.phase("report"):
+            report(metrics, folder)
 
 
 def evaluation_result(

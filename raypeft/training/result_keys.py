@@ -59,3 +59,13 @@ def ran_to_end(result: Mapping[str, Any]) -> bool:
     trial's last) did not run to its end."""
     steps = result.get(TRIAL_STEPS_KEY)
     return isinstance(steps, (int, float)) and result.get("step", 0) >= steps
+
+
+# Where a trial's seconds went (raypeft.training.phases): every result carries, under
+# ``phase_s/<name>``, the seconds each phase of the trial's process took so far, cumulative
+# from the entry into the trial's function (a result's own report is in the next one's).
+PHASE_PREFIX = "phase_s/"
+# When the trial's function was entered (time.time(), comparable with the driver's clock on
+# one machine), and which trial this is in its process (1: the first; more: a reused actor).
+ENTERED_KEY = "trial_entered_at"
+TRIAL_IN_PROCESS_KEY = "trial_in_process"

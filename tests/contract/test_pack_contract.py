@@ -28,6 +28,7 @@ from raypeft.modeling.packed import PackEntry, packable
 from raypeft.training.datasets import split_dataset
 from raypeft.training.loop import train
 from raypeft.training.pack import MemberSpec, Pack
+from raypeft.training.result_keys import PHASE_PREFIX
 from tests.pack_driver import train_pack
 
 BACKBONES = ["tiny-bert", "tiny-t5", "tiny-gpt2", "tiny-llama"]
@@ -53,7 +54,8 @@ TRAIN = [
     {"head_lr": 0.005, "batch_size": 6, "max_steps": 1, "max_grad_norm": None},  # leaves early
 ]
 SIZE_KNOBS = ("prompt_length", "num_prompts")  # the prompt sizes examples() set
-NOT_COMPARED = ("samples_per_s", "memory", "wall_time", "pack_")  # timings, the pack's keys
+# timings (a trial's phases too: a pack's members do not time theirs), the pack's keys
+NOT_COMPARED = ("samples_per_s", "memory", "wall_time", PHASE_PREFIX, "pack_")
 
 
 @pytest.fixture(scope="module")

@@ -33,12 +33,14 @@ from raypeft.training.result_keys import (
     PACK_ID_KEY,
     PACK_PADDING_KEY,
     PACK_SIZE_KEY,
+    PHASE_PREFIX,
 )
 from raypeft.training.resume import RESUME_DIR
 from tests.pack_driver import train_pack
 
 S = 16
-NOT_COMPARED = ("samples_per_s", "memory", "wall_time", "pack_")
+# timings (a trial's phases too: a pack's members do not time theirs), the pack's keys
+NOT_COMPARED = ("samples_per_s", "memory", "wall_time", PHASE_PREFIX, "pack_")
 
 
 def synthetic_split(n: int, seed: int) -> dict[str, np.ndarray]:

@@ -27,10 +27,11 @@ from raypeft.training.checkpoints import CONFIG_FILE
 from raypeft.training.loop import train
 from raypeft.training.pack import MemberSpec
 from raypeft.training.pack_host import MemberGone, PackHost, PackRefused
-from raypeft.training.result_keys import FAILURE_KEY, PACK_ID_KEY, PACK_SIZE_KEY
+from raypeft.training.result_keys import FAILURE_KEY, PACK_ID_KEY, PACK_SIZE_KEY, PHASE_PREFIX
 
 S = 16
-NOT_COMPARED = ("samples_per_s", "memory", "wall_time", "pack_")
+# timings (a trial's phases too: a pack's members do not time theirs), the pack's keys
+NOT_COMPARED = ("samples_per_s", "memory", "wall_time", PHASE_PREFIX, "pack_")
 
 
 def synthetic_split(n: int, seed: int) -> dict[str, np.ndarray]:

@@ -25,6 +25,7 @@ from raypeft.training.digests import DIGESTS_FILE
 from raypeft.training.evaluation import evaluate
 from raypeft.training.loop import train
 from raypeft.training.optimizer import build_optimizer, build_scheduler
+from raypeft.training.phases import phases_of
 from raypeft.training.result_keys import (
     EVALUATION_KEY,
     FAILURE_KEY,
@@ -537,3 +538,17 @@ def test_a_gpu_trials_memory_meter_initialises_cuda_before_resetting_its_peak(mo
     meter = PeakMemory(torch.device("cuda:0"))
     assert calls == ["init", ("reset", torch.device("cuda:0"))]
     assert meter.peak_mb() == 3.0  # the trial's own device's peak, not the current device's
+
+
+def test_every_report_carries_the_trials_phases_cumulatively(tmp_path, task):
+    """Each report holds the seconds of the trial's phases so far (``phase_s/<name>``):
+    every phase the loop passes through, none negative, none shrinking from one report to
+    the next; the report's own time counts from the next report on."""
+    rec = Recorder(tmp_path)
+    train(experiment(), task, rec)
+    phases = [phases_of(metrics) for metrics, _ in rec.calls]
+    loop_phases = {"data", "model_build", "train_setup", "steps", "evaluation", "checkpoint_write"}
+    assert set(phases[0]) == loop_phases
+    assert set(phases[1]) == loop_phases | {"report"}
+    for before, after in zip(phases, phases[1:], strict=False):
+        assert all(0 <= before[name] <= after[name] for name in before)
