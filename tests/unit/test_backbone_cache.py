@@ -23,6 +23,7 @@ from raypeft.modeling.backbones import load_backbone
 from raypeft.modeling.build import build_model
 from raypeft.modeling.prompted import TRAINABLE_FILE
 from raypeft.training.loop import train
+from raypeft.training.result_keys import PHASE_PREFIX
 
 # Reported values that measure time or memory, not what was learnt.
 _TIMING_SUFFIXES = ("_per_s", "_mb", "_s")
@@ -79,8 +80,12 @@ def trial_outcome(spec: dict) -> dict:
 
 
 def learnt(metrics: dict) -> dict:
-    """``metrics`` without the values that measure time or memory."""
-    return {k: v for k, v in metrics.items() if not k.endswith(_TIMING_SUFFIXES)}
+    """``metrics`` without the values that measure time or memory (a phase's seconds too)."""
+    return {
+        k: v
+        for k, v in metrics.items()
+        if not k.endswith(_TIMING_SUFFIXES) and not k.startswith(PHASE_PREFIX)
+    }
 
 
 def fresh_process_outcome(spec: dict) -> dict:
