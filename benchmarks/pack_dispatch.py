@@ -62,7 +62,8 @@ from benchmarks.packing import build_pack
 from raypeft.methods import METHODS, BackboneDims
 from raypeft.modeling.backbones import backbone_dims
 from raypeft.modeling.packed import PackedBackbone, packable
-from raypeft.training.pack import Learner, packed_step
+from raypeft.training.fused import FusedPack, fusing_refusal
+from raypeft.training.pack_step import Learner, packed_step
 
 KS = [1, 2, 4, 8, 16]
 PHASES = ("forward", "backward", "rest")
@@ -134,11 +135,58 @@ def _removing(handle) -> Iterator[None]:
         handle.remove()
 
 
-def count_step(pack: PackedBackbone, learners: Sequence[Learner], batches) -> dict[str, int]:
-    """The operators one pack step dispatches, per phase and in all."""
+@contextmanager
+def fused_phase_marks(counter: OpCounter, pack: PackedBackbone, fused: FusedPack):
+    """:func:`phase_marks` for a fused step (public hooks only): the forward from the word
+    embeddings' lookup (the batch's concatenation before it counts as rest), the backward
+    from the gradient reaching the heads' output (the loss's few backward operators before
+    it count as forward) until every stack has accumulated its gradient."""
+    pending: set[int] = set()
+    stacks = list(fused.params.values())
+
+    def forward_starts(module, args):
+        counter.phase = "forward"
+
+    def backward_starts(grad):
+        if counter.phase != "backward":
+            counter.phase = "backward"
+            pending.update(id(p) for p in stacks)
+
+    def head_ends(module, args, result):
+        if result.requires_grad:
+            stack.enter_context(_removing(result.register_hook(backward_starts)))
+
+    def accumulated(param):
+        pending.discard(id(param))
+        if not pending:
+            counter.phase = "rest"
+
+    with ExitStack() as stack:
+        embeddings = pack.backbone.get_input_embeddings()
+        stack.enter_context(_removing(embeddings.register_forward_pre_hook(forward_starts)))
+        for path in pack.head_paths:
+            head = pack.backbone.get_submodule(path)
+            stack.enter_context(_removing(head.register_forward_hook(head_ends)))
+        for p in stacks:
+            stack.enter_context(_removing(p.register_post_accumulate_grad_hook(accumulated)))
+        yield
+
+
+def count_step(
+    pack: PackedBackbone, learners: Sequence[Learner], batches, fused: FusedPack | None = None
+) -> dict[str, int]:
+    """The operators one pack step dispatches, per phase and in all: member by member
+    (:func:`packed_step`) or, given ``fused``, its fused step."""
     counter = OpCounter()
-    with phase_marks(counter, pack, learners), counter:
-        outcome = packed_step(pack, learners, batches)
+    if fused is None:
+        marks = phase_marks(counter, pack, learners)
+    else:
+        marks = fused_phase_marks(counter, pack, fused)
+    with marks, counter:
+        if fused is None:
+            outcome = packed_step(pack, learners, batches)
+        else:
+            outcome = fused.step(range(len(learners)), batches)
     assert all(outcome.finite), "a member's loss is not finite"
     counts = {phase: counter.counts[phase] for phase in PHASES}
     return counts | {"total": sum(counts.values())}
@@ -161,28 +209,41 @@ def _trainee(x: Learner) -> Trainee:
 # ----------------------------------------------------------------------------- timing
 
 
-def time_against_sequential(pack, learners: Sequence[Learner], batches, repeats: int) -> dict:
-    """Median seconds of one pack step and of the same members' steps one after another
-    (each through its own model, as a trial alone), alternating which runs first."""
+def time_against_sequential(
+    pack, learners: Sequence[Learner], batches, repeats: int, fused: FusedPack | None = None
+) -> dict:
+    """Median seconds of one pack step (member by member, and fused where given) and of the
+    same members' steps one after another (each through its own model, as a trial alone),
+    rotating which runs first."""
     trainees = [_trainee(x) for x in learners]
 
     def packed():
         packed_step(pack, learners, batches)
+
+    def fused_step():
+        fused.step(range(len(learners)), batches)
 
     def sequential():
         for trainee, batch in zip(trainees, batches, strict=True):
             training_step(trainee, batch)
 
     sequential()  # a warm-up of the members' own models (the pack's was warmed up)
-    times: dict[str, list[float]] = {"pack": [], "sequential": []}
+    order = [("pack", packed), ("sequential", sequential)]
+    if fused is not None:
+        order.append(("fused", fused_step))
+    times: dict[str, list[float]] = {name: [] for name, _ in order}
     for r in range(repeats):
-        order = [("pack", packed), ("sequential", sequential)]
-        for name, step in order if r % 2 == 0 else order[::-1]:
+        for name, step in order[r % len(order) :] + order[: r % len(order)]:
             start = time.perf_counter()
             step()
             times[name].append(time.perf_counter() - start)
-    pack_s, seq_s = (statistics.median(times[k]) for k in ("pack", "sequential"))
-    return {"pack_s": pack_s, "sequential_s": seq_s, "ratio": pack_s / seq_s}
+    median = {k: statistics.median(v) for k, v in times.items()}
+    timed = {"pack_s": median["pack"], "sequential_s": median["sequential"]}
+    timed["ratio"] = median["pack"] / median["sequential"]
+    if fused is not None:
+        timed["fused_s"] = median["fused"]
+        timed["fused_ratio"] = median["fused"] / median["sequential"]
+    return timed
 
 
 # ----------------------------------------------------------------------------- one method
@@ -219,8 +280,13 @@ def measure(setting: Setting, k: int, time_k: int, repeats: int) -> dict:
     packed_step(pack, learners, batches)  # warm-up: lazy state (AdamW's moments) is built
     row = {"method": setting.method, "k": k, "ops": count_step(pack, learners, batches)}
     row["alone"] = count_alone(learners[0], batches[0])
+    row["not_fused"] = fusing_refusal(pack, learners)
+    fused = None if row["not_fused"] else FusedPack(pack, learners)
+    if fused is not None:
+        fused.step(range(k), batches)  # warm-up, as the pack's
+        row["fused_ops"] = count_step(pack, learners, batches, fused)
     if k == time_k and repeats > 0:
-        row["time"] = time_against_sequential(pack, learners, batches, repeats)
+        row["time"] = time_against_sequential(pack, learners, batches, repeats, fused)
     return row
 
 
@@ -239,44 +305,68 @@ def growth(ops: dict[int, int], ks: Sequence[int]) -> str:
     return "-" if pair is None else f"{100 * (ops[pair[1]] / ops[pair[0]] - 1):+.0f} %"
 
 
+# each way a pack can step: the row's key of its counts, and its name in the tables
+WAYS = (("ops", "member by member"), ("fused_ops", "fused"))
+TIMES = {"ops": "ratio", "fused_ops": "fused_ratio"}
+
+
 def summary_table(rows: list[dict], ks: Sequence[int], time_k: int, skipped: dict) -> str:
-    """Method × K → operators per pack step, their growth, and the time ratio at ``time_k``."""
+    """Method × way × K → operators per pack step, their growth, and the time ratio at
+    ``time_k`` (the pack's step ÷ its members' steps one after another)."""
     pair = _growth_ks(ks)
     label = "growth" if pair is None else f"growth K={pair[0]}→{pair[1]}"
     header = [
-        "method", "one trial alone", *(f"K={k}" for k in ks), label,
-        f"pack ÷ sequential time, K={time_k}",
+        "method", "step", "one trial alone", *(f"K={k}" for k in ks), label,
+        f"step ÷ sequential time, K={time_k}",
     ]  # fmt: skip
     cells = []
     for method in dict.fromkeys(r["method"] for r in rows):
         mine = {r["k"]: r for r in rows if r["method"] == method}
-        ops = {k: mine[k]["ops"]["total"] for k in ks}
-        timed = mine.get(time_k, {}).get("time")
-        ratio = f"{timed['ratio']:.2f}×" if timed else "-"
         alone = f"{mine[ks[0]]['alone']:,}"
-        cells.append([method, alone, *(f"{ops[k]:,}" for k in ks), growth(ops, ks), ratio])
-    cells += [[m, f"n/a: {why}"] + [""] * (len(header) - 2) for m, why in skipped.items()]
-    return markdown_table(header, cells, right_aligned_after(1, len(header)))
+        for key, way in WAYS:
+            if key not in mine[ks[0]]:
+                why = mine[ks[0]].get("not_fused")
+                cells.append([method, way, f"n/a: {why}"] + [""] * (len(header) - 3))
+                continue
+            ops = {k: mine[k][key]["total"] for k in ks}
+            timed = mine.get(time_k, {}).get("time", {})
+            ratio = f"{timed[TIMES[key]]:.2f}×" if TIMES[key] in timed else "-"
+            counts = (f"{ops[k]:,}" for k in ks)
+            cells.append([method, way, alone, *counts, growth(ops, ks), ratio])
+    cells += [[m, "", f"n/a: {why}"] + [""] * (len(header) - 3) for m, why in skipped.items()]
+    return markdown_table(header, cells, right_aligned_after(2, len(header)))
 
 
 def phase_table(rows: list[dict]) -> str:
-    """Method × K → operators per phase (forward, backward, rest) and in all."""
-    header = ["method", "K", *PHASES, "total"]
+    """Method × way × K → operators per phase (forward, backward, rest) and in all."""
+    header = ["method", "step", "K", *PHASES, "total"]
     cells = [
-        [r["method"], str(r["k"]), *(f"{r['ops'][p]:,}" for p in (*PHASES, "total"))] for r in rows
+        [r["method"], way, str(r["k"]), *(f"{r[key][p]:,}" for p in (*PHASES, "total"))]
+        for key, way in WAYS
+        for r in rows
+        if key in r
     ]
-    return markdown_table(header, cells, right_aligned_after(2, len(header)))
+    return markdown_table(header, cells, right_aligned_after(3, len(header)))
 
 
 def timing_lines(rows: list[dict]) -> list[str]:
     """The timed rows' medians, one line per method."""
-    return [
-        f"- {r['method']}, K={r['k']}: pack step {1000 * r['time']['pack_s']:.2f} ms, the "
-        f"{r['k']} members one after another {1000 * r['time']['sequential_s']:.2f} ms "
-        f"({r['time']['ratio']:.2f}×)"
-        for r in rows
-        if "time" in r
-    ]
+    lines = []
+    for r in rows:
+        if "time" not in r:
+            continue
+        t = r["time"]
+        fused = (
+            f", fused {1000 * t['fused_s']:.2f} ms ({t['fused_ratio']:.2f}×)"
+            if "fused_s" in t
+            else ""
+        )
+        lines.append(
+            f"- {r['method']}, K={r['k']}: the {r['k']} members one after another "
+            f"{1000 * t['sequential_s']:.2f} ms; pack step member by member "
+            f"{1000 * t['pack_s']:.2f} ms ({t['ratio']:.2f}×){fused}"
+        )
+    return lines
 
 
 # ----------------------------------------------------------------------------- main
@@ -321,7 +411,10 @@ def main(argv: list[str] | None = None, say=print) -> list[dict]:
         if why is None:
             for k in ks:
                 rows.append(measure(setting_of(method), k, args.time_k, args.repeats))
-                say(f"  measured {method} K={k}: {rows[-1]['ops']['total']:,} ops{load_note()}")
+                row = rows[-1]
+                fused = row.get("fused_ops", {}).get("total")
+                fused = f", fused {fused:,}" if fused else ""
+                say(f"  measured {method} K={k}: {row['ops']['total']:,} ops{fused}{load_note()}")
     skipped = {m: why for m, why in skipped.items() if why is not None}
     say("\nOperators dispatched per pack step:\n")
     say(summary_table(rows, ks, args.time_k, skipped))

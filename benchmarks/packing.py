@@ -46,7 +46,7 @@ from raypeft.modeling.backbones import Backbone
 from raypeft.modeling.packed import PackedBackbone, shared_copy
 from raypeft.modeling.precision import backbone_dtype, cast_frozen, resolve_precision
 from raypeft.modeling.prompted import PromptedModel
-from raypeft.training.pack import Learner, packed_step
+from raypeft.training.pack_step import Learner, packed_step
 
 BACKBONES = ["minilm", "roberta-base"]  # MiniLM and base size (gpu_step has more)
 KS = [1, 2, 4, 8, 16]

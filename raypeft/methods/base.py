@@ -9,6 +9,7 @@ a method's name.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, Protocol
 
@@ -316,6 +317,13 @@ class PromptMethod(nn.Module):
 
     uses_layer_prompts: ClassVar[bool] = False
 
+    # A fused pack (raypeft.modeling.fused) computes several members' inputs in one go from
+    # their tensors stacked along a leading slot axis, zero-padded to the largest member's
+    # shape. A method that can be computed that way sets both hooks (see PromptTuning);
+    # None: its members pack, but through their own modules one by one.
+    fused_constants: ClassVar[Callable[[Sequence[PromptMethod | None]], dict] | None] = None
+    fused_parts: ClassVar[FusedParts | None] = None
+
     def peft_adapter(self) -> PeftAdapter:
         """The trained tensors in peft's layout, for configs whose
         :meth:`MethodConfig.peft_type` names a peft type."""
@@ -345,6 +353,24 @@ def build_method(
     """Instantiate the registered method for a resolved config (``tokenizer``: the
     backbone's, which vocabulary and text initialisations read)."""
     return METHODS[config.name](config, dims, word_embeddings, tokenizer)
+
+
+class FusedParts(Protocol):
+    """A fused method's batched ``prepare_inputs`` (see :attr:`PromptMethod.fused_parts`):
+    from its tensors stacked by slot (``stacks``, by parameter name, ``(K, ...)``), the
+    constants :attr:`PromptMethod.fused_constants` made of its members (by name, ``(K, ...)``
+    tensors), each row's slot ``slot`` ``(rows,)`` and the fused batch's ``input_ids``: the
+    prompt each row prepends ``(rows, M, d)`` (its slot's, zero-padded to the longest) and
+    the rows' input embeddings ``(rows, L, d)``."""
+
+    def __call__(
+        self,
+        stacks: dict[str, torch.Tensor],
+        constants: dict[str, torch.Tensor],
+        slot: torch.Tensor,
+        input_ids: torch.Tensor,
+        embed: nn.Embedding,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def prepend_prompt(

@@ -19,6 +19,7 @@ Either way ``B = 0``, so training starts exactly at PT.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -268,6 +269,28 @@ class DePT(PromptMethod):
         offset = self.offset().to(inputs_embeds.dtype)
         prompt = self.prompt.to(inputs_embeds.dtype)
         return prepend_prompt(prompt, inputs_embeds + offset, attention_mask, token_type_ids)
+
+    @staticmethod
+    def fused_constants(members: Sequence[PromptMethod | None]) -> dict:
+        """``scaling``: each slot's multiplier of ``A·B``, ``(K, 1, 1)`` (0 for an empty slot)."""
+        scaling = [0.0 if m is None else m.scaling for m in members]
+        return {"scaling": torch.tensor(scaling).reshape(-1, 1, 1)}
+
+    @staticmethod
+    def fused_parts(stacks, constants, slot, input_ids, embed):
+        """Each row's prompt and its input's word embeddings plus its slot's low-rank update:
+        the ``(K, s, d)`` updates of every slot in one batched product (a rank zero-padded to
+        the largest adds exact zeros)."""
+        inputs_embeds = embed(input_ids)
+        if input_ids.shape[1] != stacks["lora_a"].shape[1]:
+            raise ValueError(
+                f"DePT needs inputs padded to exactly s={stacks['lora_a'].shape[1]} tokens, "
+                f"got {input_ids.shape[1]}"
+            )
+        lowrank = torch.bmm(stacks["lora_a"], stacks["lora_b"])
+        offsets = (constants["scaling"] * lowrank).to(inputs_embeds.dtype)
+        prompts = stacks["prompt"].to(inputs_embeds.dtype)
+        return prompts[slot], inputs_embeds + offsets[slot]
 
     def offset(self) -> torch.Tensor:
         """The ``(s, d)`` update of the input word embeddings, one row per position."""

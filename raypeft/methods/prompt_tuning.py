@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -113,6 +114,16 @@ class PromptTuning(PromptMethod):
         inputs_embeds = embed(input_ids)
         prompt = self.prompt.to(inputs_embeds.dtype)
         return prepend_prompt(prompt, inputs_embeds, attention_mask, token_type_ids)
+
+    @staticmethod
+    def fused_constants(members: Sequence[PromptMethod | None]) -> dict:
+        return {}
+
+    @staticmethod
+    def fused_parts(stacks, constants, slot, input_ids, embed):
+        """Each row's soft prompt (its slot's) and its input's word embeddings."""
+        inputs_embeds = embed(input_ids)
+        return stacks["prompt"].to(inputs_embeds.dtype)[slot], inputs_embeds
 
     def peft_adapter(self) -> PeftAdapter:
         """peft's ``PROMPT_TUNING`` is this method exactly: the prompt prepended to the word

@@ -191,12 +191,14 @@ class PackedBackbone(nn.Module):
         self._heads = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
         self._frozen = _shared_tensors(model)
         self._placements: list[_Placement] | None = None
+        # a fused pack's heads (raypeft.modeling.fused), by path, while one of its passes runs
+        self._fused_heads: dict[str, nn.Module] | None = None
         self._deep = False
         self._probed: dict[tuple[int, int], torch.Tensor] = {}
         for path in _head_modules(model, set(self._heads)):
             parent, _, name = path.rpartition(".")
             owner = model.get_submodule(parent) if parent else model
-            setattr(owner, name, _RoutedHead(path, self._current))
+            setattr(owner, name, _RoutedHead(path, self._current, self._fused_head))
         for index, layer in enumerate(transformer_layers(model)):
             if index > 0:  # layer 0's prompt is prepended by prepare_inputs
                 layer.register_forward_pre_hook(self._layer_hook(index), with_kwargs=True)
@@ -204,6 +206,24 @@ class PackedBackbone(nn.Module):
 
     def _current(self) -> list[_Placement] | None:
         return self._placements
+
+    def _fused_head(self, path: str) -> nn.Module | None:
+        return None if self._fused_heads is None else self._fused_heads[path]
+
+    @property
+    def head_paths(self) -> list[str]:
+        """The head modules each member has its own of (routed to the members' rows)."""
+        return [p for p, m in self.backbone.named_modules() if isinstance(m, _RoutedHead)]
+
+    @contextmanager
+    def fused_heads(self, heads: dict[str, nn.Module]) -> Iterator[None]:
+        """Inside, every head path runs ``heads[path]`` on all rows at once (a fused pack's
+        stacked heads, :mod:`raypeft.modeling.fused`) instead of routing rows to members."""
+        self._fused_heads = heads
+        try:
+            yield
+        finally:
+            self._fused_heads = None
 
     def train(self, mode: bool = True) -> PackedBackbone:
         # as PromptedModel.train: training mode reaches the frozen backbone only to run its
@@ -426,12 +446,21 @@ class _RoutedHead(nn.Module):
     """Stands in for one head module of the packed backbone: each member's rows go through
     that member's own head (the module at ``path`` in its own backbone)."""
 
-    def __init__(self, path: str, placements: Callable[[], list[_Placement] | None]):
+    def __init__(
+        self,
+        path: str,
+        placements: Callable[[], list[_Placement] | None],
+        fused: Callable[[str], nn.Module | None],
+    ):
         super().__init__()
         self.path = path
         self._placements = placements
+        self._fused = fused
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        fused = self._fused(self.path)
+        if fused is not None:  # every member's rows at once, through their stacked heads
+            return fused(x, *args, **kwargs)
         placements = self._placements()
         if placements is None:
             raise RuntimeError("a packed backbone's head runs inside PackedBackbone only")

@@ -44,17 +44,13 @@ from raypeft.training.checkpoints import restore_trial, write_trial_checkpoint
 from raypeft.training.datasets import ArrayDataset, ensure_features, split_dataset, to_device
 from raypeft.training.efficiency import PeakMemory, TrialMeter
 from raypeft.training.evaluation import TargetMetric, split_metrics
+from raypeft.training.fused import FusedPack, fusing_refusal
 from raypeft.training.loop import (
     batches_from,
     diverged_result,
     evaluation_result,
 )
-from raypeft.training.optimizer import (
-    apply_gradients,
-    build_optimizer,
-    build_scheduler,
-    loss_scaler,
-)
+from raypeft.training.pack_step import Learner, packed_step
 from raypeft.training.result_keys import (
     PACK_ID_KEY,
     PACK_PADDING_KEY,
@@ -72,66 +68,6 @@ class MemberSpec:
     key: str
     cfg: ExperimentConfig
     resume_from: Path | None = None
-
-
-@dataclass
-class Learner:
-    """A model and what updates it: optimizer, schedule, loss scaler, clipping norm and its
-    own random state (what a trial of its own has)."""
-
-    model: PromptedModel
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    max_grad_norm: float | None
-    rng: MemberRNG | None = None
-
-    @classmethod
-    def of(cls, model: PromptedModel, cfg: ExperimentConfig, device: torch.device) -> Learner:
-        """AdamW with the config's learning rates, its schedule and (fp16) loss scaler."""
-        optimizer = build_optimizer(model, cfg)
-        scheduler = build_scheduler(optimizer, cfg.train)
-        scaler = loss_scaler(model.precision, device)
-        return cls(model, optimizer, scheduler, scaler, cfg.train.max_grad_norm)
-
-
-@dataclass(frozen=True)
-class StepOutcome:
-    """What one packed step did, per learner in order, and how long it took."""
-
-    losses: list[float]  # each learner's training loss
-    finite: list[bool]  # False: that learner's loss is NaN or infinite (it took no step)
-    shape: PackShape
-    seconds: float
-
-
-def packed_step(
-    backbone: PackedBackbone, learners: Sequence[Learner], batches: Sequence[dict]
-) -> StepOutcome:
-    """One training step of every learner on its batch: one forward and one backward pass
-    through the shared backbone for all, then each learner clips its own gradients and steps
-    its own optimizer and schedule (:func:`~raypeft.training.optimizer.apply_gradients`). A
-    learner whose loss is not finite takes no step (its trial has diverged)."""
-    start = time.perf_counter()
-    for learner in learners:
-        learner.optimizer.zero_grad(set_to_none=True)
-    entries = [PackEntry(x.model, b, x.rng) for x, b in zip(learners, batches, strict=True)]
-    outputs, shape = backbone(entries)
-    losses = torch.stack([out.loss.detach() for out in outputs])
-    finite = torch.isfinite(losses).tolist()  # one device sync for all members
-    live = [(x, out.loss) for x, out, ok in zip(learners, outputs, finite, strict=True) if ok]
-    if live:
-        # each member's (scaled) loss reaches only its own tensors: one backward for all
-        sum(x.scaler.scale(loss) for x, loss in live).backward()
-        for learner, _ in live:
-            apply_gradients(
-                learner.model,
-                learner.optimizer,
-                learner.scheduler,
-                learner.max_grad_norm,
-                learner.scaler,
-            )
-    return StepOutcome(losses.tolist(), finite, shape, time.perf_counter() - start)
 
 
 @dataclass
@@ -194,6 +130,7 @@ class Pack:
         capacity: int,
         device: torch.device | str | None = None,
         pack_id: str = "pack",
+        fuse: bool = True,
     ):
         if capacity < 1:
             raise ValueError(f"`capacity >= 1` must hold, but got (capacity={capacity})")
@@ -203,6 +140,12 @@ class Pack:
         self.backbone: PackedBackbone | None = None
         self.memory = PeakMemory(self.device)  # one process: one peak for every member
         self.shape = PackShape()  # summed over the steps so far
+        # fuse: step the members as stacks (raypeft.training.fused) where they can; the
+        # stacks live while the membership holds (``_fused_for``: each slot's key)
+        self.fuse = fuse
+        self._fused: FusedPack | None = None
+        self._fused_for: tuple[str | None, ...] = ()
+        self.not_fused: str | None = None  # why the members step one by one (None: fused)
 
     @property
     def members(self) -> list[Member]:
@@ -257,6 +200,7 @@ class Pack:
     def remove(self, key: str) -> Member:
         """Take a member out (finished, stopped or diverged); its slot is free again."""
         member = self.member(key)
+        self.write_back()
         self.slots[member.slot] = None
         return member
 
@@ -270,7 +214,11 @@ class Pack:
         if not members:
             return {}
         batches = [to_device(next(m.batches), self.device) for m in members]
-        outcome = packed_step(self.backbone, [m.learner for m in members], batches)
+        fused = self._fused_members()
+        if fused is not None:
+            outcome = fused.step([m.slot for m in members], batches)
+        else:
+            outcome = packed_step(self.backbone, [m.learner for m in members], batches)
         self.shape += outcome.shape
         failures = {}
         for member, batch, loss, ok in zip(
@@ -285,6 +233,29 @@ class Pack:
         self.memory.sample()
         return failures
 
+    def _fused_members(self) -> FusedPack | None:
+        """The members' stacks for this membership (built after a member joined or left), or
+        None where they step one by one (:attr:`not_fused` says why)."""
+        if not self.fuse:
+            self.not_fused = "fusing is off"
+            return None
+        seated = tuple(None if m is None else m.key for m in self.slots)
+        if seated == self._fused_for:
+            return self._fused
+        self.write_back()
+        self._fused, self._fused_for = None, seated
+        learners = [None if m is None else m.learner for m in self.slots]
+        self.not_fused = fusing_refusal(self.backbone, [x for x in learners if x is not None])
+        if self.not_fused is None:
+            self._fused = FusedPack(self.backbone, learners)
+        return self._fused
+
+    def write_back(self) -> None:
+        """Bring every member's own tensors and optimizer state up to date with the fused
+        stacks (a no-op when the members step one by one)."""
+        if self._fused is not None:
+            self._fused.write_back()
+
     def due(self) -> list[str]:
         """The keys of the members whose trials would evaluate after this step."""
         return [m.key for m in self.members if m.due]
@@ -296,6 +267,7 @@ class Pack:
         members = [self.member(k) for k in keys]
         if not members:
             return {}
+        self.write_back()
         vals = evaluate_members(self.backbone, members, self.task.spec.metrics, self.device)
         pack = {
             PACK_ID_KEY: self.pack_id,
@@ -324,6 +296,7 @@ class Pack:
         """The member's checkpoint, as its trial writes it alone (the best model so far and
         ``resume/``, with the member's own random state)."""
         m = self.member(key)
+        self.write_back()
         with m.learner.rng.active():
             write_trial_checkpoint(
                 folder, m.model, m.cfg, self.task, m.learner.optimizer, m.learner.scheduler, m.loop

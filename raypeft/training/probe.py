@@ -30,7 +30,7 @@ from raypeft.modeling.head_pooling import resolve_head_pooling
 from raypeft.modeling.packed import PackedBackbone
 from raypeft.modeling.precision import resolve_precision
 from raypeft.training.optimizer import optimizer_step
-from raypeft.training.pack import Learner, packed_step
+from raypeft.training.pack_step import Learner, packed_step
 from raypeft.training.step_timing import MiB, random_batch, time_steps
 
 STEPS, WARMUP = 8, 3  # timed steps (median reported), after warm-up steps (kernels, allocator)

@@ -1,0 +1,212 @@
+"""A fused pack (raypeft.training.fused) steps its members as the member-by-member pack does.
+
+Step by step: the same members (their own learning rates, weight decay, clipping norms,
+batch sizes, prompt lengths and ranks, so the stacks are padded) on the same batches, once
+through :func:`raypeft.training.pack_step.packed_step` and once fused, end with the same
+tensors and AdamW state; on the heads raypeft meets (BERT's linear classifier, its mean
+pooling, RoBERTa's two-layer head). Through :class:`raypeft.training.pack.Pack`, the tests in
+test_pack.py and the pack contract run fused wherever a pack can be (PT and DePT on encoders);
+here a pack's own fusing: members held back, padding that stays zero, and a method without a
+fused form stepping member by member.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification
+
+from raypeft.config.schema import ExperimentConfig
+from raypeft.modeling.backbones import HEAD_MODULE_NAMES, Backbone, backbone_dims
+from raypeft.modeling.packed import PackedBackbone, shared_copy
+from raypeft.modeling.prompted import PromptedModel
+from raypeft.training.fused import FusedPack, fusing_refusal
+from raypeft.training.pack import MemberSpec, Pack
+from raypeft.training.pack_step import Learner, packed_step
+from tests.unit.test_pack import alone, assert_same, experiment, task  # noqa: F401 (fixture)
+
+S = 12
+TINY = dict(
+    vocab_size=500, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+    intermediate_size=32, max_position_embeddings=64, hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0, num_labels=3,
+)  # fmt: skip
+
+# members that pad each other: prompt lengths, DePT ranks, learning rates, weight decay,
+# clipping (one clips hard, one not at all), batch sizes
+MEMBERS = [
+    ({"name": "dept", "prompt_length": 2, "rank": 3, "lr_prompt": 0.3, "lr_lowrank": 0.05},
+     {"weight_decay": 0.01, "max_grad_norm": 1e-3, "batch_size": 4}),
+    ({"name": "dept", "prompt_length": 5, "rank": 1, "lr_prompt": 0.1, "lr_lowrank": 0.2},
+     {"weight_decay": 0.0, "max_grad_norm": None, "batch_size": 6, "head_lr": 0.05}),
+    ({"name": "dept", "prompt_length": 3, "rank": 2, "lr_prompt": 0.05, "lr_lowrank": 0.01},
+     {"weight_decay": 0.1, "max_grad_norm": 1.0, "batch_size": 4, "warmup_ratio": 0.0}),
+]  # fmt: skip
+
+
+def _backbone(model_type: str, **extra) -> Backbone:
+    config = AutoConfig.for_model(model_type, **TINY, **extra)
+    torch.manual_seed(0)
+    model = AutoModelForSequenceClassification.from_config(config)
+    model.requires_grad_(False)
+    model.eval()
+    head = []
+    for name, param in model.named_parameters():
+        if any(part in HEAD_MODULE_NAMES for part in name.split(".")):
+            param.requires_grad_(True)
+            head.append(param)
+    return Backbone(model=model, dims=backbone_dims(config, S), head_params=head)
+
+
+def _learners(base: Backbone, members, head_pooling: str) -> list[Learner]:
+    learners = []
+    for index, (method, train) in enumerate(members):
+        cfg = ExperimentConfig.model_validate(
+            {
+                "name": "fused",
+                "model": {"name": "tiny-bert", "max_length": S},
+                "method": method,
+                "train": {"max_steps": 20, "eval_every": 20, "backbone_dropout": 0, **train},
+            }
+        )
+        torch.manual_seed(index)
+        head = [p for p in shared_copy(base.model).parameters() if p.requires_grad]
+        model = PromptedModel(
+            Backbone(shared_copy(base.model), base.dims, head),
+            cfg.method,
+            backbone_dropout=0.0,
+            head_pooling=head_pooling,
+        )
+        model.train()
+        learners.append(Learner.of(model, cfg, torch.device("cpu")))
+    return learners
+
+
+def _batches(step: int) -> list[dict]:
+    """Each member's batch of this step (of its own ``batch_size``), random tokens and
+    lengths, the same for both ways of stepping."""
+    gen = torch.Generator().manual_seed(step)
+    batches = []
+    for _, train in MEMBERS:
+        b = train["batch_size"]
+        real = torch.randint(4, S + 1, (b,), generator=gen)
+        mask = (torch.arange(S)[None, :] < real[:, None]).long()
+        batches.append(
+            {
+                "input_ids": torch.randint(5, 500, (b, S), generator=gen) * mask,
+                "attention_mask": mask,
+                "token_type_ids": torch.zeros(b, S, dtype=torch.long),
+                "labels": torch.randint(0, 3, (b,), generator=gen),
+            }
+        )
+    return batches
+
+
+def _state(learners: list[Learner]) -> list[dict[str, torch.Tensor]]:
+    """Each learner's trainable tensors and AdamW moments, by name."""
+    states = []
+    for learner in learners:
+        named = {f"p.{n}": p.detach().clone() for n, p in learner.model.named_parameters()
+                 if p.requires_grad}  # fmt: skip
+        names = {id(p): n for n, p in learner.model.named_parameters()}
+        for param, state in learner.optimizer.state.items():
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                named[f"{key}.{names[id(param)]}"] = state[key].detach().clone()
+        states.append(named)
+    return states
+
+
+@pytest.mark.parametrize(
+    ("model_type", "head_pooling"),
+    [("bert", "first"), ("bert", "mean"), ("roberta", "first")],
+)
+def test_a_fused_step_is_the_member_by_member_step(model_type, head_pooling):
+    """Eight steps of three padded DePT members, fused and member by member, from the same
+    start on the same batches: the same losses, tensors, moments and learning rates."""
+    extra = {"pad_token_id": 1} if model_type == "roberta" else {}
+    base = _backbone(model_type, **extra)
+    pack = PackedBackbone(shared_copy(base.model), "encoder", "fp32", 0.0, head_pooling)
+    ours = _learners(base, MEMBERS, head_pooling)
+    theirs = _learners(base, MEMBERS, head_pooling)  # the same seeds: the same start
+    for learner in ours + theirs:
+        pack.check_member(learner.model)
+    assert fusing_refusal(pack, ours) is None
+    fused = FusedPack(pack, ours)
+    for step in range(8):
+        a = fused.step(range(3), _batches(step))
+        b = packed_step(pack, theirs, _batches(step))
+        assert a.losses == pytest.approx(b.losses, rel=1e-5)
+        assert a.shape == b.shape
+    fused.write_back()
+    for mine, want in zip(_state(ours), _state(theirs), strict=True):
+        assert mine.keys() == want.keys()
+        for key, tensor in want.items():
+            torch.testing.assert_close(mine[key], tensor, rtol=1e-4, atol=1e-6, msg=key)
+    for x, y in zip(ours, theirs, strict=True):
+        assert x.scheduler.get_last_lr() == y.scheduler.get_last_lr()
+        assert x.scheduler.state_dict() == y.scheduler.state_dict()
+
+
+def test_padding_in_the_stacks_stays_zero():
+    """A rank or prompt shorter than the pack's longest is zero-padded in the stacks, and the
+    padding never moves: its gradient is exactly zero, so weight decay and AdamW keep it."""
+    base = _backbone("bert")
+    pack = PackedBackbone(shared_copy(base.model), "encoder", "fp32", 0.0, "first")
+    fused = FusedPack(pack, _learners(base, MEMBERS, "first"))
+    for step in range(5):
+        fused.step(range(3), _batches(step))
+    a, b, prompt = (fused.params[f"method.{n}"] for n in ("lora_a", "lora_b", "prompt"))
+    assert a.shape[2] == b.shape[1] == 3 and prompt.shape[1] == 5  # the largest rank, length
+    for slot, (method, _) in enumerate(MEMBERS):
+        r, m = method["rank"], method["prompt_length"]
+        assert torch.count_nonzero(a[slot, :, r:]) == 0
+        assert torch.count_nonzero(b[slot, r:]) == 0
+        assert torch.count_nonzero(prompt[slot, m:]) == 0
+        assert torch.count_nonzero(prompt[slot, :m]) > 0
+
+
+def test_a_member_held_back_keeps_its_state_while_the_others_step(task):  # noqa: F811
+    """A pack server holds a member until its trial's report is acknowledged: its tensors,
+    moments and schedule do not move while its mates step, and it then trains as alone."""
+    cfgs = {"a": experiment(2, 0.05, max_steps=6), "b": experiment(4, 0.1, max_steps=6)}
+    pack = Pack(task, capacity=2)
+    for key, cfg in cfgs.items():
+        pack.add(MemberSpec(key, cfg))
+    reports: dict[str, list[dict]] = {}
+    held = {"b"}
+    for _ in range(3):  # a steps alone: b is held
+        pack.step(keys={"a"})
+        for key, metrics in pack.evaluate([k for k in pack.due() if k not in held]).items():
+            reports.setdefault(key, []).append(metrics)
+    assert pack.not_fused is None
+    assert pack.member("b").loop.step == 0
+    while any(not m.finished for m in pack.members):
+        pack.step()
+        for key, metrics in pack.evaluate(pack.due()).items():
+            reports.setdefault(key, []).append(metrics)
+    for key, cfg in cfgs.items():
+        assert_same(alone(cfg, task), reports[key])
+
+
+def test_a_method_without_a_fused_form_steps_member_by_member(task):  # noqa: F811
+    """Deep prompts (layer hooks) have no fused form: the pack says why and steps its members
+    one by one, as before."""
+    cfg = ExperimentConfig.model_validate(
+        {
+            **experiment().model_dump(mode="json"),
+            "method": {"name": "prefix", "style": "hidden", "prompt_length": 2, "lr": 0.01},
+        }
+    )
+    pack = Pack(task, capacity=2)
+    pack.add(MemberSpec("a", cfg))
+    pack.add(MemberSpec("b", cfg))
+    pack.step()
+    assert pack.not_fused == "method 'prefix' has no fused form"
+
+
+def test_fusing_can_be_turned_off(task):  # noqa: F811
+    """``Pack(fuse=False)`` steps member by member (the reference the fused step is held to)."""
+    pack = Pack(task, capacity=2, fuse=False)
+    pack.add(MemberSpec("a", experiment(3, 0.05, max_steps=2)))
+    pack.step()
+    assert pack.not_fused == "fusing is off"
