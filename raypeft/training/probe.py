@@ -9,8 +9,9 @@ tokens):
 - :func:`probe_alone`: one trial stepping as :func:`raypeft.training.loop.train` steps it
   (forward, then :func:`~raypeft.training.optimizer.optimizer_step`); K processes run it
   together to measure K trials sharing the GPU through Ray's fractional GPUs;
-- :func:`probe_pack`: a pack of K members on one backbone stepping with
-  :func:`raypeft.training.pack.packed_step` (docs/packing.md).
+- :func:`probe_pack`: a pack of K members on one backbone stepping as a pack server steps
+  them: fused where they can be (:mod:`raypeft.training.fused`), else with
+  :func:`raypeft.training.pack_step.packed_step` (docs/packing.md).
 
 Each returns the median step, the span (``start``/``end``, comparable between processes), the
 samples trained in it and the peak memory (CUDA's most allocated, ``peak_mib``) with the
@@ -29,6 +30,7 @@ from raypeft.modeling.cache import cached_backbone
 from raypeft.modeling.head_pooling import resolve_head_pooling
 from raypeft.modeling.packed import PackedBackbone
 from raypeft.modeling.precision import resolve_precision
+from raypeft.training.fused import FusedPack, fusing_refusal
 from raypeft.training.optimizer import optimizer_step
 from raypeft.training.pack_step import Learner, packed_step
 from raypeft.training.step_timing import MiB, random_batch, time_steps
@@ -113,7 +115,16 @@ def probe_pack(cfg: ExperimentConfig, k: int, device: torch.device, *, steps: in
     batches = [
         random_batch(x.model, cfg.train.batch_size, cfg.model.max_length, device) for x in learners
     ]
+    fused = None if fusing_refusal(pack, learners) else FusedPack(pack, learners)
+
+    def step() -> None:  # as a pack server steps: fused where the members can be
+        if fused is None:
+            packed_step(pack, learners, batches)
+        else:
+            fused.step(range(k), batches)
+
     for _ in range(WARMUP):
-        packed_step(pack, learners, batches)
-    timed = time_steps(lambda: packed_step(pack, learners, batches), steps, device)
-    return timed | device_facts(device) | {"samples": steps * cfg.train.batch_size * k}
+        step()
+    timed = time_steps(step, steps, device)
+    facts = {"samples": steps * cfg.train.batch_size * k, "fused": fused is not None}
+    return timed | device_facts(device) | facts

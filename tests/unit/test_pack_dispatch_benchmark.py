@@ -15,15 +15,22 @@ REPO = Path(__file__).resolve().parents[2]
 KS = ["1", "2"]  # --smoke's
 
 
-def _rows(stdout: str, first_cell: str) -> list[list[str]]:
-    """The cells of the markdown rows after the header line that starts with ``first_cell``."""
+def _cells(line: str) -> list[str]:
+    return [cell.strip() for cell in line.split("|")[1:-1]]
+
+
+def _rows(stdout: str, *header: str) -> list[list[str]]:
+    """The cells of the markdown rows under the table whose header starts with ``header``."""
     lines = stdout.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"| {first_cell} "))
+    start = next(
+        i for i, line in enumerate(lines)
+        if line.startswith("|") and tuple(_cells(line)[: len(header)]) == header
+    )  # fmt: skip
     rows = []
     for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
-        rows.append([cell.strip() for cell in line.split("|")[1:-1]])
+        rows.append(_cells(line))
     return rows
 
 
@@ -45,18 +52,32 @@ def test_every_packing_method_and_k_gets_its_operator_count(tmp_path):
     packing = [m for m in METHODS if why[m] is None]
     assert packing, why  # the built-in methods pack
 
-    summary = {row[0]: row for row in _rows(out, "method")}
-    assert list(summary) == [*packing, *(m for m in METHODS if m not in packing)]
+    summary = {(row[0], row[1]): row for row in _rows(out, "method", "step", "one trial alone")}
+    ways = ["member by member", "fused"]
+    expected = [(m, w) for m in packing for w in ways] + [
+        (m, "") for m in METHODS if m not in packing
+    ]
+    assert list(summary) == expected
+    fused = [m for m in packing if not summary[m, "fused"][2].startswith("n/a")]
+    assert fused == ["pt", "dept"], summary  # the methods with a fused form
     for method in packing:
-        row = summary[method]
-        _count(row[1])  # one trial alone
-        assert all(_count(c) for c in row[2 : 2 + len(KS)]), row
+        row = summary[method, "member by member"]
+        _count(row[2])  # one trial alone
+        assert all(_count(c) for c in row[3 : 3 + len(KS)]), row
         assert row[-1].endswith("×"), row  # the pack's time against sequential steps, at K=2
+        if method not in fused:
+            assert summary[method, "fused"][2] == f"n/a: method {method!r} has no fused form"
+    for method in fused:  # issue 56's goal, as counts: a fused step does not grow with K
+        one, two = (_count(c) for c in summary[method, "fused"][3 : 3 + len(KS)])
+        assert two <= 1.1 * one, summary[method, "fused"]
+        assert summary[method, "fused"][-1].endswith("×")
 
-    phases = _rows(out, "method   | K")
-    assert [(r[0], r[1]) for r in phases] == [(m, k) for m in packing for k in KS]
-    for method, k, forward, backward, rest, total in phases:
+    phases = _rows(out, "method", "step", "K")
+    want = [(m, w, k) for w in ways for m in (packing if w != "fused" else fused) for k in KS]
+    assert [(r[0], r[1], r[2]) for r in phases] == want
+    for method, way, k, forward, backward, rest, total in phases:
         assert _count(forward) + _count(backward) + _count(rest) == _count(total), method
-        assert total == summary[method][2 + KS.index(k)]
+        assert total == summary[method, way][3 + KS.index(k)]
     timed = [line for line in out.splitlines() if line.startswith("- ") and "K=2" in line]
     assert len(timed) == len(packing)
+    assert sum(", fused " in line for line in timed) == len(fused)
