@@ -380,6 +380,15 @@ class ResourcesConfig(StrictModel):
         "worker's CPUs and GPUs (docs/packing.md). Single-worker trials only",
     )
 
+    compile_packs: bool = Field(
+        False,
+        description="packs whose members step fused (PT, DePT on an encoder): compile the "
+        "pack's forward pass and losses with torch.compile, its shapes static while its "
+        "membership holds (every slot a full batch, prompts padded to a multiple of 16). "
+        "Exact as the eager pack; it pays a compilation per membership change and is off "
+        "until measured to win (docs/packing.md)",
+    )
+
     @field_validator("trials_per_worker")
     @classmethod
     def _packs_are_single_worker(cls, value: int, info: ValidationInfo) -> int:

@@ -84,6 +84,11 @@ class SlotRows:
     inverse_counts: torch.Tensor
     per_slot: int
     capacity: int
+    # static rows (a compiled pack): every slot has ``per_slot`` rows, those of a slot that
+    # does not step (or beyond its batch) are blanks of weight 0; ``real`` says where the
+    # stepping members' rows go among them
+    weights: torch.Tensor | None = None
+    real: torch.Tensor | None = None
 
     @classmethod
     def of(cls, counts: dict[int, int], capacity: int, device: torch.device) -> SlotRows:
@@ -102,6 +107,39 @@ class SlotRows:
             capacity,
         )
 
+    @classmethod
+    def static(
+        cls, counts: dict[int, int], capacity: int, per_slot: int, device: torch.device
+    ) -> SlotRows:
+        """Every slot's ``per_slot`` rows, whoever steps: the shapes of a compiled pack's
+        step do not change while its membership holds."""
+        if max(counts.values()) > per_slot:
+            raise ValueError(f"a batch of {max(counts.values())} rows in slots of {per_slot}")
+        real = [slot * per_slot + i for slot, n in sorted(counts.items()) for i in range(n)]
+        weights = torch.zeros(capacity * per_slot)
+        weights[real] = 1.0
+        inverse = [1.0 / counts.get(s, 1) for s in range(capacity)]
+        return cls(
+            torch.arange(capacity, device=device).repeat_interleave(per_slot),
+            torch.arange(capacity * per_slot, device=device),
+            torch.tensor(inverse, device=device),
+            per_slot,
+            capacity,
+            weights.to(device),
+            torch.tensor(real, device=device),
+        )
+
+    def spread(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Static rows: the stepping members' rows placed among blanks (zeros) in every
+        slot's rows; otherwise ``batch`` as it is."""
+        if self.real is None:
+            return batch
+        rows = self.capacity * self.per_slot
+        return {
+            k: v.new_zeros((rows, *v.shape[1:])).index_copy(0, self.real, v)
+            for k, v in batch.items()
+        }
+
 
 @dataclass(frozen=True)
 class FusedLayout:
@@ -117,8 +155,12 @@ class FusedLayout:
     prompts: tuple[int, ...]  # each slot's prompt length (0: an empty slot)
 
     @classmethod
-    def of(cls, prompts: Sequence[int], length: int, device: torch.device) -> FusedLayout:
-        longest = max(prompts)
+    def of(
+        cls, prompts: Sequence[int], length: int, device: torch.device, longest: int = 0
+    ) -> FusedLayout:
+        """``longest``: pad prompts to at least this many positions (a compiled pack's
+        bucket), else to the longest of ``prompts``."""
+        longest = max(longest, *prompts)
         order, mask, inputs = [], [], []
         for m in prompts:
             prompt, pad = list(range(m)), list(range(m, longest))
@@ -132,9 +174,14 @@ class FusedLayout:
             tuple(prompts),
         )
 
+    @property
+    def longest(self) -> int:
+        """The prompt positions every row has (its prompt and padding)."""
+        return self.prompt_mask.shape[1]
+
     def shape(self, slots: Sequence[int]) -> PackShape:
         """How much of a fused batch whose rows come from ``slots`` is padding."""
-        longest, length = max(self.prompts), self.order.shape[1] - max(self.prompts)
+        longest, length = self.longest, self.order.shape[1] - self.longest
         rows = len(slots)
         prompts = sum(self.prompts[s] for s in slots)
         padded = rows * longest - prompts
@@ -176,6 +223,7 @@ class FusedModel:
         backbone: PackedBackbone,
         members: Sequence[PromptedModel | None],
         stacks: dict[str, torch.Tensor],
+        bucket: int = 1,
     ):
         seated = [m for m in members if m is not None]
         self.backbone, self.stacks = backbone, stacks
@@ -190,6 +238,9 @@ class FusedModel:
             k: v.to(device) for k, v in self.method_cls.fused_constants(methods).items()
         }
         self.prompts = [0 if m is None else m.method.config.prompt_positions() for m in members]
+        # prompts padded to a multiple of ``bucket`` positions: a compiled pack's shapes
+        # then change less often as members come and go
+        self.longest = bucket * -(-max(self.prompts) // bucket)
         self.heads = {p: self._stacked_head(seated[0], p) for p in backbone.head_paths}
         self.head_pooling = seated[0].head_pooling
         self.rows: SlotRows | None = None  # the rows of the pass under way
@@ -214,7 +265,7 @@ class FusedModel:
         """The layout of rows whose inputs have ``length`` tokens (built once per length)."""
         if length not in self._layouts:
             device = next(iter(self.stacks.values())).device
-            self._layouts[length] = FusedLayout.of(self.prompts, length, device)
+            self._layouts[length] = FusedLayout.of(self.prompts, length, device, self.longest)
         return self._layouts[length]
 
     def logits(self, rows: SlotRows, batch: dict) -> torch.Tensor:
@@ -226,6 +277,8 @@ class FusedModel:
         prompts, embeds = self.method_cls.fused_parts(
             self.method_stacks, self.constants, rows.slot, ids, embed
         )
+        if prompts.shape[1] < layout.longest:  # a bucket longer than the longest prompt
+            prompts = F.pad(prompts, (0, 0, 0, layout.longest - prompts.shape[1]))
         order = layout.order[rows.slot]
         prompt_mask = layout.prompt_mask[rows.slot].to(input_mask.dtype)
         inputs = {
@@ -272,5 +325,7 @@ def slot_losses(logits: torch.Tensor, labels: torch.Tensor, rows: SlotRows) -> t
         per_row = F.mse_loss(logits.squeeze(-1), labels.float(), reduction="none")
     else:
         per_row = F.cross_entropy(logits, labels, reduction="none")
+    if rows.weights is not None:  # blanks count for nothing (and get no gradient)
+        per_row = per_row * rows.weights
     sums = per_row.new_zeros(rows.capacity).index_add(0, rows.slot, per_row)
     return sums * rows.inverse_counts

@@ -46,6 +46,9 @@ from raypeft.training.pack_step import Learner, StepOutcome
 _SCHEDULE_ORDER = r"Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`"
 # The per-slot scalars of one AdamW update, in the order of the table :meth:`_scalars` builds
 _SCALARS = ("decay", "keep1", "beta2", "keep2", "correction2", "eps", "step_size")
+# A compiled pack pads its prompts to a multiple of this many positions, so that members of
+# nearby lengths coming and going keep its shapes (and its compiled graph)
+PROMPT_BUCKET = 16
 
 
 def fusing_refusal(backbone: PackedBackbone, learners: Sequence[Learner]) -> str | None:
@@ -70,7 +73,16 @@ def fusing_refusal(backbone: PackedBackbone, learners: Sequence[Learner]) -> str
 class FusedPack:
     """The stacked state of a pack's members (``learners[slot]``, None: an empty slot)."""
 
-    def __init__(self, backbone: PackedBackbone, learners: Sequence[Learner | None]):
+    def __init__(
+        self,
+        backbone: PackedBackbone,
+        learners: Sequence[Learner | None],
+        *,
+        compile_rows: int | None = None,
+    ):
+        """``compile_rows``: compile the step's forward pass and losses (``torch.compile``,
+        static shapes) with every slot holding this many rows (the members' largest batch);
+        None: eager, each member's own rows only."""
         self.backbone = backbone
         self.learners = list(learners)
         seated = [(s, x) for s, x in enumerate(self.learners) if x is not None]
@@ -93,8 +105,13 @@ class FusedPack:
         for stack in self.params.values():
             stack.requires_grad_(True)
         members = [None if x is None else x.model for x in self.learners]
-        self.model = FusedModel(backbone, members, self.params)
+        bucket = 1 if compile_rows is None else PROMPT_BUCKET
+        self.model = FusedModel(backbone, members, self.params, bucket)
         self._rows: dict[tuple, SlotRows] = {}
+        self.compile_rows = compile_rows
+        self._losses = self._slot_losses
+        if compile_rows is not None:
+            self._losses = torch.compile(self._slot_losses, dynamic=False)
 
     # ------------------------------------------------------------------ members' own state
 
@@ -145,8 +162,7 @@ class FusedPack:
             stack.grad = None
         rows = self._rows_of(slots, [len(b["labels"]) for b in batches])
         batch = {k: torch.cat([b[k] for b in batches]) for k in FUSED_KEYS if k in batches[0]}
-        logits = self.model.logits(rows, batch)
-        losses = slot_losses(logits, batch["labels"], rows)[self._stepping(slots)]
+        losses = self._losses(rows.spread(batch), rows)[self._stepping(slots)]
         values = losses.detach().tolist()  # one device sync for all members
         finite = [math.isfinite(v) for v in values]
         stepped = [s for s, ok in zip(slots, finite, strict=True) if ok]
@@ -160,11 +176,19 @@ class FusedPack:
         shape = layout.shape([s for s, b in zip(slots, batches, strict=True) for _ in b["labels"]])
         return StepOutcome(values, finite, shape, time.perf_counter() - start)
 
+    def _slot_losses(self, batch: dict[str, torch.Tensor], rows: SlotRows) -> torch.Tensor:
+        """Every slot's loss on its rows of ``batch`` (what a compiled pack compiles)."""
+        return slot_losses(self.model.logits(rows, batch), batch["labels"], rows)
+
     def _rows_of(self, slots: Sequence[int], counts: Sequence[int]) -> SlotRows:
         key = (tuple(slots), tuple(counts))
         if key not in self._rows:
             by_slot = dict(zip(slots, counts, strict=True))
-            self._rows[key] = SlotRows.of(by_slot, len(self.learners), self.device)
+            capacity = len(self.learners)
+            if self.compile_rows is None:
+                self._rows[key] = SlotRows.of(by_slot, capacity, self.device)
+            else:
+                self._rows[key] = SlotRows.static(by_slot, capacity, self.compile_rows, self.device)
         return self._rows[key]
 
     def _stepping(self, slots: Sequence[int]) -> torch.Tensor:

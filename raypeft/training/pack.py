@@ -247,7 +247,10 @@ class Pack:
         learners = [None if m is None else m.learner for m in self.slots]
         self.not_fused = fusing_refusal(self.backbone, [x for x in learners if x is not None])
         if self.not_fused is None:
-            self._fused = FusedPack(self.backbone, learners)
+            seated = self.members
+            compiled = seated[0].cfg.resources.compile_packs
+            rows = max(m.cfg.train.batch_size for m in seated) if compiled else None
+            self._fused = FusedPack(self.backbone, learners, compile_rows=rows)
         return self._fused
 
     def write_back(self) -> None:
