@@ -162,6 +162,7 @@ class FusedPack:
             stack.grad = None
         rows = self._rows_of(slots, [len(b["labels"]) for b in batches])
         batch = {k: torch.cat([b[k] for b in batches]) for k in FUSED_KEYS if k in batches[0]}
+        layout = self.model.layout(batch["input_ids"].shape[1])  # built here, not compiled
         losses = self._losses(rows.spread(batch), rows)[self._stepping(slots)]
         values = losses.detach().tolist()  # one device sync for all members
         finite = [math.isfinite(v) for v in values]
@@ -172,7 +173,6 @@ class FusedPack:
             else:  # a diverged member's rows get no gradient from the others' losses
                 torch.where(torch.isfinite(losses), losses, 0.0).sum().backward()
             self._update(stepped, diverged=len(stepped) < len(slots))
-        layout = self.model.layout(batch["input_ids"].shape[1])
         shape = layout.shape([s for s, b in zip(slots, batches, strict=True) for _ in b["labels"]])
         return StepOutcome(values, finite, shape, time.perf_counter() - start)
 

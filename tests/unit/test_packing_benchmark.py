@@ -35,14 +35,21 @@ def test_packing_benchmark_prints_packed_against_separate_trials(tmp_path):
         for line in proc.stdout.splitlines()
         if line.startswith("| tiny ")
     ]
-    assert [(r[1], r[2], r[3]) for r in rows] == [("pt", "fp32", "1"), ("pt", "fp32", "2")]
+    assert [(r[1], r[2], r[3], r[4]) for r in rows] == [
+        ("pt", "fp32", "1", "unfused"),
+        ("pt", "fp32", "1", "fused"),
+        ("pt", "fp32", "2", "unfused"),
+        ("pt", "fp32", "2", "fused"),
+    ]
     for row in rows:
-        step_ms, pack_h, separate_h = (float(c.replace(",", "")) for c in row[4:7])
+        step_ms, pack_h, separate_h = (float(c.replace(",", "")) for c in row[5:8])
         assert step_ms > 0 and pack_h > 0 and separate_h > 0, row
         # trials/h against separate and against sequential trials, and the memory ratio
-        assert row[7].endswith("×") and row[9].endswith("×") and row[12].endswith("×"), row
+        assert row[8].endswith("×") and row[10].endswith("×") and row[13].endswith("×"), row
+        assert float(row[15]) >= 0  # the step's arithmetic rate, from its counted FLOPs
+        assert row[16] == "-"  # a CPU has no known bf16 peak
     # K sequential trials: one trial alone (the separate K=1), whatever K
-    assert rows[0][8] == rows[1][8] and rows[0][6] == rows[0][8]
-    assert rows[0][13] == "-" and rows[1][13] != "-"  # what the second member adds
+    assert len({r[9] for r in rows}) == 1 and rows[0][7] == rows[0][9]
+    assert rows[0][14] == "-" and rows[2][14] != "-"  # what the second member adds
     measured = [line for line in proc.stdout.splitlines() if line.startswith("  measured | tiny")]
-    assert len(measured) == 2  # each row printed as it is measured (a run cut off keeps them)
+    assert len(measured) == 4  # each row printed as it is measured (a run cut off keeps them)
