@@ -18,8 +18,7 @@ import json
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import optuna
@@ -183,22 +182,6 @@ class Records:
 
 
 @dataclass
-class PhaseClock:
-    """Seconds spent in each phase of a search, in order: what the summary reports as
-    ``phase_s`` (where a search's time went, without a profiler)."""
-
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-
-@dataclass
 class Fitted:
     """The search's Tune results, the runner that trains the repeats (if any), and the
     trials whose end the Optuna study could not record (:func:`_unrecorded`)."""
@@ -229,7 +212,7 @@ def run_experiment(
     start = time.time()
     opts = SearchOptions(address, quiet, source, printer, progress_interval, resume)
     records: Records | None = None
-    clock = PhaseClock()
+    clock = PhaseTimer()  # the search's phases, as a trial times its own
     with Interrupts() as interrupts:  # Ctrl-C or SIGTERM: pause, resumable with --resume
         try:
             with clock.phase("prepare"):
