@@ -37,9 +37,10 @@ def require(package: str, found: str | Callable[[], Any], why: str) -> Any:
     return present
 
 
-def missing(package: str, why: str) -> NoReturn:
-    """Skip the test (fail it under ``RAYPEFT_REQUIRE_SYSTEM``): ``package`` is not installed."""
-    install = f"apt-get install {package}"
+def missing(package: str, why: str, install: str | None = None) -> NoReturn:
+    """Skip the test (fail it under ``RAYPEFT_REQUIRE_SYSTEM``): ``package`` is not installed;
+    ``install``: the command that installs it (default Debian's ``apt-get install``)."""
+    install = install or f"apt-get install {package}"
     reason = f"{MARK} {package}: {why}" + ("" if install in why else f" ({install})")
     if os.environ.get(REQUIRE_VARIABLE, "") not in ("", "0"):
         pytest.fail(f"{reason}; {REQUIRE_VARIABLE} is set", pytrace=False)
