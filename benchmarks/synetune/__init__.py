@@ -10,10 +10,9 @@ NCCL wheel), statsmodels and scikit-learn, so it lives in a venv of its own; ray
 imports it. Its ``serialize``/``deserialize`` need fastparquet and its ``blackbox_repository``
 package imports huggingface_hub (0.16.0 has no ``blackbox-repository`` extra)::
 
-    python3 -m venv /work/venv-synetune
-    /work/venv-synetune/bin/pip install syne-tune==0.16.0 fastparquet huggingface_hub
+    bash scripts/install-synetune.sh   # .venv-synetune in the checkout
 
-Run the syne-tune half as ``PYTHONPATH=. /work/venv-synetune/bin/python -m
+Run the syne-tune half as ``PYTHONPATH=. .venv-synetune/bin/python -m
 benchmarks.synetune.<module>`` from the repository root; :mod:`curves` reads raypeft's JSON
 tables with numpy alone, so nothing of raypeft's is needed there.
 """

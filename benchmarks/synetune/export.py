@@ -15,7 +15,7 @@ The files are rebuilt from the JSON tables in the repository in a few seconds, s
 not kept in it. Run it in syne-tune's environment (benchmarks/synetune/__init__.py says how
 to make it)::
 
-    /work/venv-synetune/bin/python -m benchmarks.synetune.export [--out DIR] [--table T.json]
+    .venv-synetune/bin/python -m benchmarks.synetune.export [--out DIR] [--table T.json]
 
 ``--out`` defaults to ``~/.cache/raypeft/syne-tune``. A partial recording (a configuration
 missing a seed) is exported with NaN where nothing was recorded, and its card says so.

@@ -14,7 +14,7 @@ The two libraries live in two environments, so the study runs in each: syne-tune
 line per replay to ``--out`` as it finishes and skips replays already there (for the same
 table file, by its digest), so an interrupted run continues where it stopped::
 
-    PYTHONPATH=. /work/venv-synetune/bin/python -m benchmarks.synetune.study --replays 30
+    PYTHONPATH=. .venv-synetune/bin/python -m benchmarks.synetune.study --replays 30
     PYTHONPATH=. /work/main/.venv/bin/python -m benchmarks.synetune.study --replays 30
     PYTHONPATH=. /work/main/.venv/bin/python -m benchmarks.synetune.report
 

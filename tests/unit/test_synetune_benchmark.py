@@ -26,11 +26,10 @@ from tests.system import missing
 REPO = Path(__file__).resolve().parents[2]
 SUBJ = REPO / "benchmarks" / "results" / "table_dept_subj.json"
 TWEETS = REPO / "benchmarks" / "results" / "table_dept_tweets.json"
-SYNETUNE_PYTHON = Path(os.environ.get("RAYPEFT_SYNETUNE_PYTHON", "/work/venv-synetune/bin/python"))
-INSTALL = (
-    "python3 -m venv /work/venv-synetune && /work/venv-synetune/bin/pip install "
-    "syne-tune==0.16.0 fastparquet huggingface_hub"
+SYNETUNE_PYTHON = Path(
+    os.environ.get("RAYPEFT_SYNETUNE_PYTHON", REPO / ".venv-synetune" / "bin" / "python")
 )
+INSTALL = "bash scripts/install-synetune.sh"
 
 
 def test_the_scoring_is_raypefts_on_a_shipped_table():
