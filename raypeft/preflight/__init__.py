@@ -32,7 +32,6 @@ anything (:mod:`.sampler`).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from raypeft.config.redact import redact_uri
@@ -56,6 +55,7 @@ from raypeft.tracking.stores import (
     check_stores,
     check_tracking_store,
     database_server,
+    named_tracking_uri,
     search_storage,
 )
 
@@ -120,9 +120,8 @@ def _check_stores(cfg: ExperimentConfig, metrics: tuple[str, ...]) -> None:
     answers, a study to continue optimises the search's directions (the objectives' modes,
     from the task's ``metrics``), and the object store of ``run.storage_path`` answers."""
     check_stores(cfg)
-    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        check_tracking_store(uri, redact_uri(uri))
+    if named := named_tracking_uri(cfg.tracking.uri):
+        check_tracking_store(named[0], redact_uri(named[0]))
     named = search_storage(cfg)
     if named and database_server(named[0]):
         check_database_answers(*named)

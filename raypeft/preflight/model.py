@@ -3,12 +3,12 @@ tokenizer load, and what the methods need of it (shapes, position-embedding rows
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import PretrainedConfig
 
+from raypeft.config.environment import env_flag
 from raypeft.config.schema import ModelConfig
 from raypeft.data.tasks import TaskSpec
 from raypeft.errors import ConfigError
@@ -23,10 +23,6 @@ from raypeft.modeling.backbones import (
 from raypeft.modeling.head_pooling import resolve_head_pooling
 
 _ALIASES_HINT = "minilm, tiny-bert, tiny-t5, tiny-gpt2, tiny-llama"
-
-
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
 
 
 @dataclass(frozen=True)
@@ -73,7 +69,7 @@ def check_model_name(model: ModelConfig) -> None:
         validate_repo_id(name)
     except HFValidationError:
         raise ConfigError(f"model.name: {name}: no such folder; {must}") from None
-    if _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE"):
+    if env_flag("HF_HUB_OFFLINE") or env_flag("TRANSFORMERS_OFFLINE"):
         # why: huggingface_hub only to check a Hub id offline
         from huggingface_hub import try_to_load_from_cache
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import threading
 import time
 import uuid
@@ -47,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 from ray import tune
 from ray.exceptions import (
     ActorDiedError,
@@ -63,7 +61,12 @@ from raypeft.data import TokenizedTask
 from raypeft.methods import BackboneDims, MethodConfig
 from raypeft.modeling.backbones import built_from_config
 from raypeft.search.resources import trial_request, trials_on
-from raypeft.search.trial_runners import _checkpoint_folder, trial_in_process, worker_identity
+from raypeft.search.trial_runners import (
+    _checkpoint_folder,
+    gpu_device,
+    trial_in_process,
+    worker_identity,
+)
 from raypeft.tracking.system_metrics import sampler_for
 from raypeft.training.pack import MemberSpec
 from raypeft.training.pack_host import MemberReport, PackHost, PackRefused
@@ -298,18 +301,6 @@ class PackRegistry:
 
 # Ray leaves CUDA_VISIBLE_DEVICES alone in a worker that has this set
 NOSET_CUDA = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
-
-
-def gpu_device(gpus: list[str]) -> torch.device:
-    """The device of a pack whose members Ray assigned the GPU ``gpus[0]`` (a share of it),
-    seen from a server that asked for no GPU and so sees the node's GPUs; the CPU without
-    one (or where torch has no CUDA, as for an unpacked trial)."""
-    if not gpus or not torch.cuda.is_available():
-        return torch.device("cpu")
-    visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-    if gpus[0] in visible:  # the node's own list: Ray's ids index it
-        return torch.device(f"cuda:{visible.index(gpus[0])}")
-    return torch.device(f"cuda:{int(gpus[0])}" if gpus[0].isdigit() else "cuda")
 
 
 class PackServer:

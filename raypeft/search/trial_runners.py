@@ -47,21 +47,26 @@ def worker_identity(device: torch.device) -> dict[str, Any]:
 
 
 def assigned_device() -> torch.device:
-    """The (first) GPU Ray assigned to this process, else the CPU.
+    """The (first) GPU Ray assigned to this process, else the CPU (:func:`gpu_device`)."""
+    return gpu_device([str(i) for i in ray.get_gpu_ids()])
 
-    Ray sets ``CUDA_VISIBLE_DEVICES`` to the assigned GPUs, so the id's position there is its
-    CUDA index. Where torch sees no CUDA although Ray assigned a GPU (GPUs declared to Ray
-    for scheduling only, e.g. ``ray start --num-gpus=1`` on a CPU machine), the trial trains
-    on the CPU: it still holds its share of the GPU, so Ray's placement is unchanged.
+
+def gpu_device(gpus: list[str]) -> torch.device:
+    """The CUDA device of Ray's GPU id ``gpus[0]``, the CPU without one.
+
+    Ray sets ``CUDA_VISIBLE_DEVICES`` to a worker's assigned GPUs (a pack server, which asks
+    for none, sees the node's list): the id's position there is its CUDA index; where Ray
+    leaves it alone (``RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES``) the id is the physical
+    index. Where torch sees no CUDA although Ray assigned a GPU (GPUs declared to Ray for
+    scheduling only, e.g. ``ray start --num-gpus=1`` on a CPU machine), the trial trains on
+    the CPU: it still holds its share of the GPU, so Ray's placement is unchanged.
     """
-    ids = [str(i) for i in ray.get_gpu_ids()]
-    if not ids or not torch.cuda.is_available():
+    if not gpus or not torch.cuda.is_available():
         return torch.device("cpu")
     visible = [d for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d]
-    if ids[0] in visible:
-        return torch.device(f"cuda:{visible.index(ids[0])}")
-    # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: the id is the physical index
-    return torch.device(f"cuda:{int(ids[0])}" if ids[0].isdigit() else "cuda")
+    if gpus[0] in visible:
+        return torch.device(f"cuda:{visible.index(gpus[0])}")
+    return torch.device(f"cuda:{int(gpus[0])}" if gpus[0].isdigit() else "cuda")
 
 
 # How many trials this process has entered: Tune reuses a trial's actor for the next one

@@ -7,7 +7,6 @@ so they work on any machine that can reach the tracking store. Every lookup fail
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from mlflow.entities import Experiment, Run, RunTag
@@ -15,7 +14,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from raypeft.errors import ConfigError, DamagedArtefact
-from raypeft.tracking.stores import database_url
+from raypeft.tracking.stores import database_url, named_tracking_uri
 from raypeft.tracking.tags import (
     BEST_RUN_TAG,
     DIGEST_TAG_PREFIX,
@@ -50,7 +49,8 @@ def reopen_run(client: MlflowClient, run: Run) -> None:
 def tracking_uri(uri: str | None = None) -> str:
     """``uri``, else ``$MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``; a
     ``postgresql://`` URI with its driver named (:func:`~raypeft.tracking.stores.database_url`)."""
-    return database_url(uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI)
+    named = named_tracking_uri(uri)
+    return database_url(named[0] if named else DEFAULT_TRACKING_URI)
 
 
 def find_experiment(client: MlflowClient, name_or_id: str) -> Experiment:

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from raypeft.config.environment import env_flag
 from raypeft.config.redact import redact_uri
 from raypeft.config.schema import ExperimentConfig
 from raypeft.errors import ConfigError
@@ -90,16 +91,21 @@ def search_storage(cfg: ExperimentConfig) -> tuple[str, str] | None:
     return None
 
 
-def _env_true(name: str) -> bool:
-    return os.environ.get(name, "").strip().upper() in {"1", "ON", "YES", "TRUE"}
+def named_tracking_uri(uri: str | None) -> tuple[str, str] | None:
+    """The MLflow tracking URI ``tracking.uri`` (``uri``) or else ``$MLFLOW_TRACKING_URI``
+    sets, with the key that set it; None when neither does (MLflow's default store)."""
+    if uri:
+        return uri, "tracking.uri"
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"], "MLFLOW_TRACKING_URI"
+    return None
 
 
 def check_stores(cfg: ExperimentConfig) -> None:
     """The MLflow tracking URI and the Optuna storage can be opened: a known scheme, and a
     local sqlite file's folder exists (nothing is created here)."""
-    uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        check_tracking_uri(uri, "tracking.uri" if cfg.tracking.uri else "MLFLOW_TRACKING_URI")
+    if named := named_tracking_uri(cfg.tracking.uri):
+        check_tracking_uri(*named)
     if named := search_storage(cfg):
         check_optuna_storage(*named)
 
@@ -127,7 +133,7 @@ def check_tracking_uri(uri: str, key: str) -> None:
             f"{key}: {redact_uri(uri)!r} has the unknown scheme {scheme!r}; it must be an MLflow "
             "tracking URI (sqlite:///mlflow.db, a folder, file://..., http(s)://..., postgresql://...)"
         )
-    if scheme in ("", "file") and not _env_true("MLFLOW_ALLOW_FILE_STORE"):
+    if scheme in ("", "file") and not env_flag("MLFLOW_ALLOW_FILE_STORE"):
         raise ConfigError(
             f"{key}: {redact_uri(uri)!r} is MLflow's file store, which MLflow 3 refuses unless "
             "MLFLOW_ALLOW_FILE_STORE=true; it must be a database or server URI "

@@ -50,19 +50,6 @@ def task_metadata(task: TokenizedTask) -> dict:
     }
 
 
-def save_checkpoint(
-    model: PromptedModel,
-    cfg: ExperimentConfig,
-    folder: Path,
-    task: TokenizedTask | None = None,
-    trainable: dict[str, torch.Tensor] | None = None,
-) -> None:
-    """Trainable tensors (safetensors: ``trainable``, default the model's current ones), the
-    resolved config (YAML) and the task's labels (JSON) - no pickles - and their digests."""
-    _write_model_files(model, cfg, Path(folder), task, trainable)
-    record_digests(folder)
-
-
 def _write_model_files(
     model: PromptedModel,
     cfg: ExperimentConfig,
