@@ -323,6 +323,12 @@ class PromptMethod(nn.Module):
     # None: its members pack, but through their own modules one by one.
     fused_constants: ClassVar[Callable[[Sequence[PromptMethod | None]], dict] | None] = None
     fused_parts: ClassVar[FusedParts | None] = None
+    # A method with layer prompts fuses when it also gives every slot's prompt of a layer
+    # from its stacks: ``(stacks, layer) -> (K, t, d)`` (slots' prompts zero-padded to the
+    # longest), or None to leave the layer alone
+    fused_layer_prompts: ClassVar[
+        Callable[[dict[str, torch.Tensor], int], torch.Tensor | None] | None
+    ] = None
 
     def peft_adapter(self) -> PeftAdapter:
         """The trained tensors in peft's layout, for configs whose

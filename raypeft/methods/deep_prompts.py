@@ -14,6 +14,7 @@ reads no ``past_key_values``, so the ``kv`` style needs an encoder or decoder ba
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
 import torch
@@ -181,6 +182,22 @@ class DeepPrompt(PromptMethod):
         if token_type_ids is not None:
             out["token_type_ids"] = token_type_ids
         return out
+
+    @staticmethod
+    def fused_constants(members: Sequence[PromptMethod | None]) -> dict:
+        return {}
+
+    @staticmethod
+    def fused_parts(stacks, constants, slot, input_ids, embed):
+        """Hidden style: each row's layer-0 prompt (its slot's) and its input's embeddings
+        (the key/value style does not fuse: :func:`raypeft.modeling.fused.fused_refusal`)."""
+        inputs_embeds = embed(input_ids)
+        return stacks["prompts"][:, 0].to(inputs_embeds.dtype)[slot], inputs_embeds
+
+    @staticmethod
+    def fused_layer_prompts(stacks, layer):
+        """Every slot's prompt at the input of ``layer``, ``(K, t, d)``."""
+        return stacks["prompts"][:, layer]
 
     def layer_prompt(self, layer: int, hidden_states: torch.Tensor) -> torch.Tensor | None:
         if self.style != "hidden":

@@ -17,13 +17,15 @@ zero-padded to the largest: DePT's ranks, prompt lengths) and computes all membe
 So a step dispatches the same operators whatever K is. Zero padding is exact: a padded rank
 adds zero products, a padded prompt row sits at a masked position, and their gradients are
 exactly zero, so AdamW keeps them zero. Fusing covers encoders and methods whose inputs are
-a prepended prompt (with DePT's update of the input embeddings); other packs step member by
-member (:func:`fused_refusal` says why).
+a prepended prompt (with DePT's update of the input embeddings), and deep prompts' layer
+prompts (each row's own prompt positions replaced at every layer by one ``torch.where``);
+other packs step member by member (:func:`fused_refusal` says why).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -50,7 +52,8 @@ def fused_refusal(backbone: PackedBackbone, models: Sequence[PromptedModel]) -> 
     if len(methods) > 1:
         return "its members use different methods"
     method = methods.pop()
-    if method.fused_parts is None or method.uses_layer_prompts:
+    layered = method.uses_layer_prompts and method.fused_layer_prompts is None
+    if method.fused_parts is None or layered:
         return f"method {models[0].method.config.name!r} has no fused form"
     for model in models:
         if model.method.config.prefix_length() or model.method.config.feature_specs():
@@ -293,12 +296,32 @@ class FusedModel:
             inputs["token_type_ids"] = torch.cat([zeros, segments], 1).gather(1, order)
         for head in self.heads.values():
             head.train(self.backbone.training and self.backbone.backbone.training)
+        layers = None
+        if self.method_cls.uses_layer_prompts:
+            shown = layout.prompt_mask[rows.slot].bool().unsqueeze(-1)  # a row's own prompt
+            layers = functools.partial(self._layer_prompts, rows.slot, shown)
         self.rows = rows
         try:
-            with self.backbone.fused_heads(self.heads):
+            with self.backbone.fused_pass(self.heads, layers):
                 return self._head_logits(inputs, layout.inputs[rows.slot], input_mask)
         finally:
             self.rows = None
+
+    def _layer_prompts(
+        self, slot: torch.Tensor, shown: torch.Tensor, index: int, hidden: torch.Tensor
+    ) -> torch.Tensor:
+        """``hidden`` at the input of layer ``index`` with each row's first positions (its
+        own prompt's, ``shown``: ``(rows, M, 1)``) replaced by its slot's prompt of that
+        layer, as the member's own hook replaces them alone; the rest as it is."""
+        prompts = self.method_cls.fused_layer_prompts(self.method_stacks, index)
+        if prompts is None:
+            return hidden
+        longest = shown.shape[1]
+        rows = prompts.to(hidden.dtype)[slot]
+        if rows.shape[1] < longest:  # a bucket longer than the longest prompt
+            rows = F.pad(rows, (0, 0, 0, longest - rows.shape[1]))
+        front = torch.where(shown, rows, hidden[:, :longest])
+        return torch.cat([front, hidden[:, longest:]], 1)
 
     def _head_logits(
         self, inputs: dict, input_positions: torch.Tensor, input_mask: torch.Tensor

@@ -191,8 +191,11 @@ class PackedBackbone(nn.Module):
         self._heads = {n: p.shape for n, p in model.named_parameters() if p.requires_grad}
         self._frozen = _shared_tensors(model)
         self._placements: list[_Placement] | None = None
-        # a fused pack's heads (raypeft.modeling.fused), by path, while one of its passes runs
+        # a fused pack's heads (raypeft.modeling.fused), by path, and what puts its members'
+        # layer prompts in place (layer index, hidden states -> hidden states), while one of
+        # its passes runs
         self._fused_heads: dict[str, nn.Module] | None = None
+        self._fused_layers: Callable[[int, torch.Tensor], torch.Tensor] | None = None
         self._deep = False
         self._probed: dict[tuple[int, int], torch.Tensor] = {}
         for path in _head_modules(model, set(self._heads)):
@@ -216,14 +219,20 @@ class PackedBackbone(nn.Module):
         return [p for p, m in self.backbone.named_modules() if isinstance(m, _RoutedHead)]
 
     @contextmanager
-    def fused_heads(self, heads: dict[str, nn.Module]) -> Iterator[None]:
+    def fused_pass(
+        self,
+        heads: dict[str, nn.Module],
+        layers: Callable[[int, torch.Tensor], torch.Tensor] | None = None,
+    ) -> Iterator[None]:
         """Inside, every head path runs ``heads[path]`` on all rows at once (a fused pack's
-        stacked heads, :mod:`raypeft.modeling.fused`) instead of routing rows to members."""
-        self._fused_heads = heads
+        stacked heads, :mod:`raypeft.modeling.fused`) instead of routing rows to members,
+        and ``layers(index, hidden)`` (if given) puts every member's prompt of layer
+        ``index`` in place."""
+        self._fused_heads, self._fused_layers = heads, layers
         try:
             yield
         finally:
-            self._fused_heads = None
+            self._fused_heads, self._fused_layers = None, None
 
     def train(self, mode: bool = True) -> PackedBackbone:
         # as PromptedModel.train: training mode reaches the frozen backbone only to run its
@@ -359,6 +368,11 @@ class PackedBackbone(nn.Module):
 
     def _layer_hook(self, index: int):
         def hook(module, args, kwargs):
+            if self._fused_layers is not None:  # a fused pack's pass: all members at once
+                hidden = self._fused_layers(index, args[0] if args else kwargs["hidden_states"])
+                if args:
+                    return (hidden, *args[1:]), kwargs
+                return args, {**kwargs, "hidden_states": hidden}
             if not self._deep:
                 return None
             hidden = args[0] if args else kwargs["hidden_states"]

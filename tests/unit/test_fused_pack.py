@@ -34,14 +34,22 @@ TINY = dict(
 
 # members that pad each other: prompt lengths, DePT ranks, learning rates, weight decay,
 # clipping (one clips hard, one not at all), batch sizes
-MEMBERS = [
-    ({"name": "dept", "prompt_length": 2, "rank": 3, "lr_prompt": 0.3, "lr_lowrank": 0.05},
-     {"weight_decay": 0.01, "max_grad_norm": 1e-3, "batch_size": 4}),
-    ({"name": "dept", "prompt_length": 5, "rank": 1, "lr_prompt": 0.1, "lr_lowrank": 0.2},
-     {"weight_decay": 0.0, "max_grad_norm": None, "batch_size": 6, "head_lr": 0.05}),
-    ({"name": "dept", "prompt_length": 3, "rank": 2, "lr_prompt": 0.05, "lr_lowrank": 0.01},
-     {"weight_decay": 0.1, "max_grad_norm": 1.0, "batch_size": 4, "warmup_ratio": 0.0}),
-]  # fmt: skip
+TRAINS = [
+    {"weight_decay": 0.01, "max_grad_norm": 1e-3, "batch_size": 4},
+    {"weight_decay": 0.0, "max_grad_norm": None, "batch_size": 6, "head_lr": 0.05},
+    {"weight_decay": 0.1, "max_grad_norm": 1.0, "batch_size": 4, "warmup_ratio": 0.0},
+]
+MEMBERS = list(zip([
+    {"name": "dept", "prompt_length": 2, "rank": 3, "lr_prompt": 0.3, "lr_lowrank": 0.05},
+    {"name": "dept", "prompt_length": 5, "rank": 1, "lr_prompt": 0.1, "lr_lowrank": 0.2},
+    {"name": "dept", "prompt_length": 3, "rank": 2, "lr_prompt": 0.05, "lr_lowrank": 0.01},
+], TRAINS, strict=True))  # fmt: skip
+# deep prompts (hidden style): every layer's prompt replaces its own positions only
+DEEP = list(zip([
+    {"name": "prefix", "style": "hidden", "prompt_length": 2, "lr": 0.3},
+    {"name": "prefix", "style": "hidden", "prompt_length": 5, "lr": 0.1},
+    {"name": "prefix", "style": "hidden", "prompt_length": 3, "lr": 0.05, "init": "normal"},
+], TRAINS, strict=True))  # fmt: skip
 
 
 def _backbone(model_type: str, **extra) -> Backbone:
@@ -82,12 +90,12 @@ def _learners(base: Backbone, members, head_pooling: str) -> list[Learner]:
     return learners
 
 
-def _batches(step: int) -> list[dict]:
+def _batches(step: int, members=MEMBERS) -> list[dict]:
     """Each member's batch of this step (of its own ``batch_size``), random tokens and
     lengths, the same for both ways of stepping."""
     gen = torch.Generator().manual_seed(step)
     batches = []
-    for _, train in MEMBERS:
+    for _, train in members:
         b = train["batch_size"]
         real = torch.randint(4, S + 1, (b,), generator=gen)
         mask = (torch.arange(S)[None, :] < real[:, None]).long()
@@ -117,24 +125,32 @@ def _state(learners: list[Learner]) -> list[dict[str, torch.Tensor]]:
 
 
 @pytest.mark.parametrize(
-    ("model_type", "head_pooling"),
-    [("bert", "first"), ("bert", "mean"), ("roberta", "first")],
+    ("model_type", "head_pooling", "members"),
+    [
+        ("bert", "first", "dept"),
+        ("bert", "mean", "dept"),
+        ("roberta", "first", "dept"),
+        ("bert", "first", "deep prompts"),
+        ("roberta", "mean", "deep prompts"),
+    ],
 )
-def test_a_fused_step_is_the_member_by_member_step(model_type, head_pooling):
-    """Eight steps of three padded DePT members, fused and member by member, from the same
-    start on the same batches: the same losses, tensors, moments and learning rates."""
+def test_a_fused_step_is_the_member_by_member_step(model_type, head_pooling, members):
+    """Eight steps of three padded members (DePT; deep prompts), fused and member by member,
+    from the same start on the same batches: the same losses, tensors, moments and learning
+    rates."""
+    members = {"dept": MEMBERS, "deep prompts": DEEP}[members]
     extra = {"pad_token_id": 1} if model_type == "roberta" else {}
     base = _backbone(model_type, **extra)
     pack = PackedBackbone(shared_copy(base.model), "encoder", "fp32", 0.0, head_pooling)
-    ours = _learners(base, MEMBERS, head_pooling)
-    theirs = _learners(base, MEMBERS, head_pooling)  # the same seeds: the same start
+    ours = _learners(base, members, head_pooling)
+    theirs = _learners(base, members, head_pooling)  # the same seeds: the same start
     for learner in ours + theirs:
         pack.check_member(learner.model)
     assert fusing_refusal(pack, ours) is None
     fused = FusedPack(pack, ours)
     for step in range(8):
-        a = fused.step(range(3), _batches(step))
-        b = packed_step(pack, theirs, _batches(step))
+        a = fused.step(range(3), _batches(step, members))
+        b = packed_step(pack, theirs, _batches(step, members))
         assert a.losses == pytest.approx(b.losses, rel=1e-5)
         assert a.shape == b.shape
     fused.write_back()
@@ -210,19 +226,17 @@ def test_a_member_held_back_keeps_its_state_while_the_others_step(task):  # noqa
 
 
 def test_a_method_without_a_fused_form_steps_member_by_member(task):  # noqa: F811
-    """Deep prompts (layer hooks) have no fused form: the pack says why and steps its members
-    one by one, as before."""
+    """Key/value prefixes have no fused form: the pack says why and steps its members one by
+    one, as before (the pack contract holds them to their trials alone)."""
+    method = {"name": "prefix", "style": "kv", "prompt_length": 2, "lr": 0.01}
     cfg = ExperimentConfig.model_validate(
-        {
-            **experiment().model_dump(mode="json"),
-            "method": {"name": "prefix", "style": "hidden", "prompt_length": 2, "lr": 0.01},
-        }
+        {**experiment().model_dump(mode="json"), "method": method}
     )
     pack = Pack(task, capacity=2)
     pack.add(MemberSpec("a", cfg))
     pack.add(MemberSpec("b", cfg))
     pack.step()
-    assert pack.not_fused == "method 'prefix' has no fused form"
+    assert pack.not_fused == "method 'prefix' has no fused form for this config"
 
 
 def test_fusing_can_be_turned_off(task):  # noqa: F811
