@@ -368,7 +368,9 @@ class PackedBackbone(nn.Module):
 
     def _layer_hook(self, index: int):
         def hook(module, args, kwargs):
-            if self._fused_layers is not None:  # a fused pack's pass: all members at once
+            if self._fused_heads is not None:  # a fused pack's pass: all members at once
+                if self._fused_layers is None:
+                    return None
                 hidden = self._fused_layers(index, args[0] if args else kwargs["hidden_states"])
                 if args:
                     return (hidden, *args[1:]), kwargs
