@@ -255,25 +255,28 @@ class StudySearcher(Searcher):
         self.requeue_unsnapshotted()
 
     def requeue_unsnapshotted(self) -> list[int]:
-        """After :meth:`restore`: this search's trials the study holds RUNNING that the
-        restored state does not know were asked for after Tune's last snapshot (the driver
-        died before Tune saved it again). No Tune trial will end them or train their
-        configurations, so each is closed FAIL with the reason (:data:`UNSNAPSHOTTED`), and a
-        trained one's configuration (not an answered repeat's) is enqueued again, naming it
+        """After :meth:`restore`: this search's trials the study holds RUNNING, handed to a
+        Tune trial, that the restored state does not know were started after Tune's last
+        snapshot (the driver died before Tune saved it again). No Tune trial will end them or
+        train their configurations, so each is closed FAIL with the reason
+        (:data:`UNSNAPSHOTTED`) and its configuration enqueued again, naming it
         (:data:`RERUN_OF_ATTR`): Tune asks for the trials its snapshot lacks, and an ask takes
-        it. Returns the closed trials' numbers."""
-        known = set(self.trials.values()) | {repeat for repeat, _ in self.waiting}
+        it. (Answered repeats and trials never handed to Tune trained nothing: the search's
+        end closes them, :func:`~raypeft.search.study.fail_orphans`.) Returns the closed
+        trials' numbers."""
+        known = set(self.trials.values())
         stale = [
             t
             for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-            if t.user_attrs.get(PARENT_RUN_ATTR) == self.parent_run_id and t.number not in known
+            if t.user_attrs.get(PARENT_RUN_ATTR) == self.parent_run_id
+            and TUNE_TRIAL_ATTR in t.user_attrs
+            and ANSWERED_FROM_ATTR not in t.user_attrs
+            and t.number not in known
         ]
         for trial in stale:
             trial_id = self._storage_id(trial.number)
             self.storage.set_trial_user_attr(trial_id, ERROR_ATTR, UNSNAPSHOTTED)
             self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
-            if ANSWERED_FROM_ATTR in trial.user_attrs or TUNE_TRIAL_ATTR not in trial.user_attrs:
-                continue  # answered from another trial, or never handed to Tune
             attrs = {PARENT_RUN_ATTR: self.parent_run_id, RERUN_OF_ATTR: trial.number}
             self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
             logger.info(
