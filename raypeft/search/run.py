@@ -577,16 +577,17 @@ def _rerun_reasons(stale: list[Rerun]) -> dict[str, str]:
     for rerun in stale:
         if rerun.tune_trial_id is None:
             continue
-        where = f" (trial {rerun.again})" if rerun.again else " (the search ended before it)"
+        where = f" (trial {rerun.again})" if rerun.again else "; the search ended before it did"
         out[rerun.tune_trial_id] = UNSNAPSHOTTED + where
     return out
 
 
 def _rerun_lines(stale: list[Rerun]) -> list[str]:
     """The summary's words for the trials ``--resume`` ran again: ``"<stale Tune trial>
-    (Optuna trial <n>) as <Tune trial>"``."""
+    (Optuna trial <n>) as <Tune trial>"``, or that the search ended before it did."""
     return [
-        f"{r.tune_trial_id or '?'} (Optuna trial {r.number}) as {r.again or 'none: not reached'}"
+        f"{r.tune_trial_id or '?'} (Optuna trial {r.number}) "
+        + (f"as {r.again}" if r.again else "not run again: the search ended first")
         for r in stale
     ]
 
