@@ -143,6 +143,13 @@ def print_summary(s) -> None:
             f"({', '.join(s.started_over)}; which and why: the tag "
             f"{result_tag(RESTARTED_KEY)} of their MLflow runs)"
         )
+    if s.rerun:
+        plural = "s" if len(s.rerun) != 1 else ""
+        echo(
+            f"  {len(s.rerun)} trial{plural} started after Ray Tune's last snapshot ran again "
+            f"as new trial{plural} (their first runs: MLflow KILLED, Optuna FAIL, with the "
+            f"reason): {'; '.join(s.rerun)}"
+        )
     if s.unrecorded:
         echo(
             f"  warning: the Optuna study could not record how {len(s.unrecorded)} of them "

@@ -60,6 +60,9 @@ class SearchSummary:
     started_over: list[str] = field(default_factory=list)  # trials whose checkpoint was unusable
     # trials whose end the Optuna study could not record: "<trial> (Optuna trial <n>: <why>)"
     unrecorded: list[str] = field(default_factory=list)
+    # trials started after Tune's last snapshot that --resume ran again (new trials):
+    # "<stale trial> (Optuna trial <n>) as <trial>"
+    rerun: list[str] = field(default_factory=list)
     published: Published | None = None  # the chosen model in MLflow (pyfunc, registry)
     # seconds each phase took, in order (prepare, open_records, fit, analyse, finish)
     phase_s: dict[str, float] = field(default_factory=dict)
@@ -83,6 +86,8 @@ class Outcome:
     started_over: list[str] = field(default_factory=list)
     # trials whose end the Optuna study could not record (the summary names them)
     unrecorded: list[str] = field(default_factory=list)
+    # trials started after Tune's last snapshot that --resume ran again (the summary names them)
+    rerun: list[str] = field(default_factory=list)
     repeats: list[RepeatGroup] = field(default_factory=list)  # the top configurations' seeds
     ranked_repeats: list[RepeatGroup] = field(default_factory=list)  # best mean first
 

@@ -64,10 +64,13 @@ from raypeft.search.searcher import StudySearcher
 from raypeft.search.seed_means import record_seed_means
 from raypeft.search.space import candidate_methods
 from raypeft.search.study import (
+    UNSNAPSHOTTED,
+    Rerun,
     StudyPlan,
     fail_orphans,
     plan_study,
     record_chosen,
+    reruns,
     unrecorded_ends,
 )
 from raypeft.search.trial_records import TrialRecordsCallback
@@ -189,6 +192,7 @@ class Fitted:
     runner: TuneRunner
     results: ResultGrid
     unrecorded: list[str] = field(default_factory=list)
+    rerun: list[str] = field(default_factory=list)  # _rerun_lines
     # trial id -> the driver's seconds on it (MLflow records, Optuna), from the objects that
     # spent them (raypeft.training.phases.timed_phase)
     driver_phases: dict[str, PhaseTimer] = field(default_factory=dict)
@@ -529,14 +533,46 @@ def fit(prep: Prepared, records: Records, opts: SearchOptions) -> Fitted:
         lambda: scheduler(cfg, primary.result_key, primary.mode),
         cfg.search.num_samples,
     )
-    records.tracker.collect_results(results)
+    stale = _stale_trials(records)
+    records.tracker.collect_results(results, reasons=_rerun_reasons(stale))
     # before fail_orphans, which closes what a resumed search left RUNNING
     unrecorded = _unrecorded(records, results, made[0] if made else None)
     if records.resuming:
         fail_orphans(records.study.storage, records.study.study_name, records.parent_run_id)
     searcher_phases = made[0].phase_s if made else {}
     driver = merged(records.tracker.phase_s, records.trial_records.phase_s, searcher_phases)
-    return Fitted(runner, results, unrecorded, driver)
+    return Fitted(runner, results, unrecorded, _rerun_lines(stale), driver)
+
+
+def _stale_trials(records: Records) -> list[Rerun]:
+    """A resumed search's trials that Tune's snapshot did not know (closed when Tune
+    restored the searcher: :meth:`StudySearcher.requeue_unsnapshotted`)."""
+    if not records.resuming:
+        return []
+    study = records.study
+    return reruns(study.storage, study.study_name, records.parent_run_id)
+
+
+def _rerun_reasons(stale: list[Rerun]) -> dict[str, str]:
+    """Why each MLflow run of a trial Tune's snapshot did not know was closed (by Tune trial
+    id): the study's reason, and the trial that trained its configuration again."""
+    out = {}
+    for rerun in stale:
+        if rerun.tune_trial_id is None:
+            continue
+        where = f" (trial {rerun.again})" if rerun.again else "; the search ended before it did"
+        out[rerun.tune_trial_id] = UNSNAPSHOTTED + where
+    return out
+
+
+def _rerun_lines(stale: list[Rerun]) -> list[str]:
+    """The summary's words for the trials ``--resume`` ran again: ``"<stale Tune trial>
+    (Optuna trial <n>) as <Tune trial>"``, or that the search ended before it did."""
+    return [
+        f"{r.tune_trial_id or '?'} (Optuna trial {r.number}) "
+        + (f"as {r.again}" if r.again else "not run again: the search ended first")
+        for r in stale
+    ]
 
 
 def _unrecorded(records: Records, results: ResultGrid, searcher: StudySearcher | None) -> list[str]:
@@ -592,6 +628,7 @@ def analyse(prep: Prepared, records: Records, fitted: Fitted, opts: SearchOption
     started_over = [t.trial_id for t in trials if RESTARTED_KEY in t.metrics]
     outcome = Outcome(best, constraints_met, len(results), errors, pruned, pareto, started_over)
     outcome.unrecorded = fitted.unrecorded
+    outcome.rerun = fitted.rerun
     if cfg.search.repeat_best:
         outcome.repeats = run_repeats(
             fitted.runner, trials, primary, prep.constraints, records.tune_name, opts.say
@@ -697,4 +734,5 @@ def _summary(
         constraints_met=outcome.constraints_met,
         started_over=outcome.started_over,
         unrecorded=outcome.unrecorded,
+        rerun=outcome.rerun,
     )

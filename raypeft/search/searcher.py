@@ -35,9 +35,11 @@ from raypeft.search.study import (
     INTERRUPTED_ATTR,
     METRICS_ATTR,
     PARENT_RUN_ATTR,
+    RERUN_OF_ATTR,
     RESUMED_FROM_ATTR,
     STOPPED_EARLY_ATTR,
     TUNE_TRIAL_ATTR,
+    UNSNAPSHOTTED,
     directions,
     storage_id,
     this_driver,
@@ -250,6 +252,40 @@ class StudySearcher(Searcher):
         self.driver = state["driver"]
         self.handles, self.reported, self.looked_up, self.ids = {}, {}, set(), {}
         self.study.sampler.reseed_rng()
+        self.requeue_unsnapshotted()
+
+    def requeue_unsnapshotted(self) -> list[int]:
+        """After :meth:`restore`: this search's trials the study holds RUNNING, handed to a
+        Tune trial, that the restored state does not know were started after Tune's last
+        snapshot (the driver died before Tune saved it again). No Tune trial will end them or
+        train their configurations, so each is closed FAIL with the reason
+        (:data:`UNSNAPSHOTTED`) and its configuration enqueued again, naming it
+        (:data:`RERUN_OF_ATTR`): Tune asks for the trials its snapshot lacks, and an ask takes
+        it. (Answered repeats and trials never handed to Tune trained nothing: the search's
+        end closes them, :func:`~raypeft.search.study.fail_orphans`.) Returns the closed
+        trials' numbers."""
+        known = set(self.trials.values())
+        stale = [
+            t
+            for t in self.study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.user_attrs.get(PARENT_RUN_ATTR) == self.parent_run_id
+            and TUNE_TRIAL_ATTR in t.user_attrs
+            and ANSWERED_FROM_ATTR not in t.user_attrs
+            and t.number not in known
+        ]
+        for trial in stale:
+            trial_id = self._storage_id(trial.number)
+            self.storage.set_trial_user_attr(trial_id, ERROR_ATTR, UNSNAPSHOTTED)
+            self.storage.set_trial_state_values(trial_id, TrialState.FAIL)
+            attrs = {PARENT_RUN_ATTR: self.parent_run_id, RERUN_OF_ATTR: trial.number}
+            self.study.enqueue_trial(dict(trial.params), user_attrs=attrs)
+            logger.info(
+                "Optuna trial %d (Tune trial %s) started after Ray Tune's last snapshot: "
+                "closed, its configuration queued again",
+                trial.number,
+                trial.user_attrs[TUNE_TRIAL_ATTR],
+            )
+        return [t.number for t in stale]
 
     # ------------------------------------------------------------------ a paused trial
 

@@ -38,6 +38,16 @@ ERROR_ATTR = "raypeft.error"  # why the trial failed
 # cannot change once finished) with RESUMED_FROM_ATTR: the paused trial's number.
 INTERRUPTED_ATTR = "raypeft.interrupted"
 RESUMED_FROM_ATTR = "raypeft.resumed_from_trial"
+# A trial asked for after Tune's last snapshot of the search (the driver died before Tune saved
+# it again) is RUNNING in the study, but the Tune experiment `--resume` restores does not know
+# it: no Tune trial would ever end it, nor train its configuration. `--resume` closes it FAIL
+# with this reason (ERROR_ATTR) and enqueues its configuration again; the trial that trains it
+# names the stale one with RERUN_OF_ATTR (its number).
+UNSNAPSHOTTED = (
+    "started after Ray Tune's last snapshot of the search (the driver died before Tune saved "
+    "it); --resume trains its configuration again as a new trial"
+)
+RERUN_OF_ATTR = "raypeft.rerun_of_trial"
 # In a discrete space, a proposal of a configuration the study already holds is not trained
 # again: it is answered from that trial (its number, under this attribute).
 ANSWERED_FROM_ATTR = "raypeft.answered_from_trial"
@@ -298,6 +308,40 @@ def unrecorded_ends(
         if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
         and t.user_attrs.get(TUNE_TRIAL_ATTR) in ended
     }
+
+
+@dataclass
+class Rerun:
+    """A trial Tune's snapshot did not know, closed on ``--resume``, and the trial that
+    trained its configuration again (None: the search ended before it asked for it)."""
+
+    number: int  # the stale Optuna trial
+    tune_trial_id: str | None  # the Tune trial it had been (its MLflow run's)
+    again: str | None  # the Tune trial that ran its configuration again
+
+
+def reruns(
+    storage: optuna.storages.BaseStorage, study_name: str, parent_run_id: str
+) -> list[Rerun]:
+    """This search's trials ``--resume`` closed because Tune's snapshot did not know them
+    (:data:`UNSNAPSHOTTED`), each with the Tune trial that ran its configuration again
+    (:data:`RERUN_OF_ATTR`), read from the study."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    own = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get(PARENT_RUN_ATTR) == parent_run_id
+    ]
+    again = {
+        t.user_attrs[RERUN_OF_ATTR]: t.user_attrs.get(TUNE_TRIAL_ATTR)
+        for t in own
+        if RERUN_OF_ATTR in t.user_attrs
+    }
+    return [
+        Rerun(t.number, t.user_attrs.get(TUNE_TRIAL_ATTR), again.get(t.number))
+        for t in own
+        if t.state == TrialState.FAIL and t.user_attrs.get(ERROR_ATTR) == UNSNAPSHOTTED
+    ]
 
 
 def remaining_grid_points(

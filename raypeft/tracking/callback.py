@@ -300,13 +300,16 @@ class MLflowTrialCallback(Callback):
             self._logged_steps[trial_id] = max((m.step for m in history), default=-1)
             self.adopted_steps[trial_id] = self._logged_steps[trial_id]
 
-    def collect_results(self, results, repeats: bool = False) -> None:
+    def collect_results(
+        self, results, repeats: bool = False, reasons: dict[str, str] | None = None
+    ) -> None:
         """After the search: every trial's latest checkpoint from Tune's results (a resumed
         search never sees the trials that had finished before it), and no run left RUNNING.
 
         A run still RUNNING belongs to a trial Tune ended without a callback reaching MLflow,
         or to one started after Tune's last snapshot of an interrupted search (Tune re-ran
-        that one as a new trial): it is closed as FAILED or KILLED, with the reason.
+        that one as a new trial): it is closed as FAILED or KILLED, with the reason
+        (``reasons``: trial id -> why, where the caller knows better than "interrupted").
         ``repeats``: ``results`` are the repeats' experiment; only the repeats' runs are closed
         (and, without it, only the search's trials': a resumed search's interrupted repeats
         continue after the search's experiment is collected).
@@ -334,11 +337,9 @@ class MLflowTrialCallback(Callback):
                     log_model(self.client, run_id, folder, MODEL_ARTIFACTS)
             else:
                 status = "KILLED"
-                self.client.set_tag(
-                    run_id,
-                    ERROR_TAG,
-                    "interrupted with the search before Ray Tune recorded it",
-                )
+                why = (reasons or {}).get(trial_id)
+                why = why or "interrupted with the search before Ray Tune recorded it"
+                self.client.set_tag(run_id, ERROR_TAG, why)
             self.client.set_terminated(run_id, status)
 
     def pause_runs(self, signal_name: str) -> tuple[int, list[str]]:

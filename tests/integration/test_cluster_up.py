@@ -990,11 +990,6 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
                 for key in cluster.stores.objects("mlflow-artifacts/")
             )
             and any("val_accuracy" in k.data.metrics for k in kids if k.info.status == "RUNNING")
-            # Tune's snapshot in the bucket knows both trials: a trial started after Tune's
-            # last snapshot is not resumed (Tune does not know it; docs/reliability.md)
-            and all(
-                k.data.tags.get("raypeft.trial_id", "?") in tune_snapshot(cluster) for k in kids
-            )
         ):
             break
         time.sleep(0.5)
@@ -1003,6 +998,12 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
 
     cluster.down()
     before = snapshot(cluster)
+    # the trials Tune's last snapshot in the bucket did not know (it snapshots every 10 s or
+    # more, longer when saving takes long: a busy head): `--resume` trains their
+    # configurations again as new trials and closes their runs (docs/reliability.md)
+    saved, (_, at_down) = tune_snapshot(cluster), the_search(client, "cluster-resumed")
+    unsnapshotted = {k.info.run_id for k in at_down if k.data.tags["raypeft.trial_id"] not in saved}
+    print(f"trials' runs Tune's last snapshot did not know: {sorted(unsnapshotted)}")
     old = cluster.hosts["head"]
     old.end()
     assert not old.processes()  # catches: a head process outliving its machine
@@ -1046,17 +1047,26 @@ def test_a_new_head_keeps_every_run_artefact_and_study_and_the_search_resumes(cl
     changed = {k: etags for k, etags in changed.items() if etags[0] != etags[1]}
     assert not changed, f"artefacts changed or gone (before, after): {changed}"
     assert any(done[0].info.run_id in k for k in before["artefacts"])
-    # catches: trials restarted from scratch or evaluations lost across the new head
-    ended = {k.info.run_id: (k.info.status, k.data.tags.get("raypeft.error")) for k in kids}
-    if [status for status, _ in ended.values()] != ["FINISHED"] * 2:
-        # KNOWN GAP (issue 55, item 4, open): in module order a resumed trial's run did not
-        # end FINISHED (2 of 2 fresh-clone runs on 2026-11-29, before the snapshot wait
-        # above); every check above still holds. Visible as an xfail until fixed.
-        pytest.xfail(f"a resumed trial did not finish: {ended}")
-    for kid in kids:
+    # catches: a trial Tune's snapshot did not know left RUNNING, or closed without a reason
+    stale = [k for k in kids if k.info.run_id in unsnapshotted]
+    for kid in stale:
+        assert kid.info.status == "KILLED", kid.info
+        assert "after Ray Tune's last snapshot" in kid.data.tags["raypeft.error"]
+    if stale:  # catches: a summary silent about them
+        assert f"{len(stale)} trial" in proc.stdout and "ran again" in proc.stdout, proc.stdout
+    # catches: a configuration lost, trials restarted from scratch, or evaluations lost
+    # across the new head: every configuration ran to its end, each step logged once
+    ran = [k for k in kids if k.info.run_id not in unsnapshotted]
+    ended = {k.info.run_id: (k.info.status, k.data.tags.get("raypeft.error")) for k in ran}
+    assert [status for status, _ in ended.values()] == ["FINISHED"] * 2, ended
+    assert sorted(float(k.data.params["method.lr_prompt"]) for k in ran) == [0.3, 0.5]
+    for kid in ran:
         assert_each_step_once(client, kid.info.run_id, 400, 40)
     study = optuna.load_study(study_name="cluster-resumed", storage=cluster.stores.optuna_db)
-    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    states = sorted(t.state.name for t in study.trials)  # the stale trials FAIL, with why
+    assert states == sorted(["COMPLETE", "COMPLETE"] + ["FAIL"] * len(stale)), states
+    failed = [t for t in study.trials if t.state.name == "FAIL"]
+    assert all("after Ray Tune's last snapshot" in t.user_attrs["raypeft.error"] for t in failed)
 
 
 def test_the_heads_mlflow_answers_through_an_ssh_tunnel(cluster, busy, tmp_path):

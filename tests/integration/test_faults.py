@@ -184,6 +184,112 @@ def test_driver_killed_mid_search_resumes_without_losing_or_repeating(tmp_path):
     assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
 
 
+def test_a_trial_started_after_tunes_last_snapshot_runs_again_on_resume(tmp_path):
+    """A driver that dies just after it started a trial, before Tune snapshotted the
+    experiment again, leaves that trial's Optuna trial and MLflow run RUNNING while Tune's
+    saved experiment (and searcher) do not know it. Made here directly: the search is killed
+    in its first trial once Tune's snapshot names it, then the second grid point is started
+    as the searcher and the MLflow callback start a trial (Optuna's ask, MLflow's create_run,
+    with the same attributes and tags). `--resume` trains that configuration again, as a new
+    trial, and ends the stale trial and run with the reason."""
+    steps, every = 400, 100
+    path = tiny_experiment(
+        tmp_path,
+        train={**LONG, "max_steps": steps, "eval_every": every},
+        space={
+            "method.lr_prompt": {"grid": [0.3, 0.5]},
+            "method.lr_lowrank": {"grid": [1.0e-3]},
+            "method.prompt_length": {"grid": [4]},
+        },
+        search={"num_samples": 2, "max_concurrent": 1, "scheduler": {"type": "none"}},
+    )
+    args = ["--space", str(path), "--quiet"]
+    proc = start_search(args, tmp_path)
+    try:
+        first = wait_for(
+            lambda: [r for r in results(tmp_path / "ray_results") if every <= r.get("step", 0)],
+            "the first trial's first checkpoint",
+            400,
+            proc,
+        )[0]
+        wait_for(  # Tune's snapshot names the first trial (it resumes from there)
+            lambda: any(
+                first["trial_id"] in f.read_text()
+                for f in (tmp_path / "ray_results").rglob("experiment_state-*.json")
+            ),
+            "Tune's snapshot of the first trial",
+            60,
+            proc,
+        )
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        kill_session(proc)
+    assert first["step"] < steps  # killed in the first trial, before the second was asked for
+
+    # the second trial, started after Tune's last snapshot: the study's next grid point
+    client, parent, kids = parent_and_kids(tmp_path)
+    storage = f"sqlite:///{tmp_path / 'optuna.db'}"
+    study = optuna.load_study(study_name="tiny-dept", storage=storage)
+    # catches: a kill after the second trial was asked for (then Tune's snapshot may know it)
+    assert len(study.get_trials(states=(TrialState.WAITING,))) == 1
+    stale = study.ask()  # the grid point the searcher enqueued, as its _ask takes it
+    params = {
+        "method.lr_prompt": stale.suggest_categorical("method.lr_prompt", [0.3, 0.5]),
+        "method.lr_lowrank": stale.suggest_categorical("method.lr_lowrank", [1.0e-3]),
+        "method.prompt_length": stale.suggest_categorical("method.prompt_length", [4]),
+    }
+    assert params["method.lr_prompt"] == 0.5  # not the first trial's
+    stale.set_user_attr("raypeft.parent_run_id", parent.info.run_id)
+    stale.set_user_attr("raypeft.tune_trial_id", "unsnapshotted")
+    stale_run = client.create_run(
+        parent.info.experiment_id,
+        run_name="dept-unsnapshotted",
+        tags={
+            "mlflow.parentRunId": parent.info.run_id,
+            "raypeft.trial_id": "unsnapshotted",
+            "raypeft.role": "trial",
+        },
+    ).info.run_id
+    client.log_param(stale_run, "method.lr_prompt", 0.5)
+
+    resumed = run_cli(["tune", *args, "--resume"], cwd=tmp_path, timeout=600)
+    (tmp_path / "resume.log").write_text(resumed.stdout + resumed.stderr)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # catches: a resumed search that ends without the configuration Tune never knew
+    assert "Search finished: 2 trials (0 stopped early, 0 failed)" in resumed.stdout
+    assert "1 trial started after Ray Tune's last snapshot ran again" in resumed.stdout
+
+    client, parent_after, kids = parent_and_kids(tmp_path)
+    assert parent_after.info.run_id == parent.info.run_id
+    assert parent_after.info.status == "FINISHED"
+    by_trial = {k.data.tags["raypeft.trial_id"]: k for k in kids}
+    # the stale run is closed with the reason, not left RUNNING
+    gone = by_trial.pop("unsnapshotted")
+    assert gone.info.status == "KILLED"
+    assert "after Ray Tune's last snapshot" in gone.data.tags["raypeft.error"]
+    # catches: the configuration lost: both grid points trained to their end
+    assert all(k.info.status == "FINISHED" for k in by_trial.values())
+    lrs = sorted(float(k.data.params["method.lr_prompt"]) for k in by_trial.values())
+    assert lrs == [0.3, 0.5]
+    for kid in by_trial.values():
+        assert_each_step_once(client, kid.info.run_id, steps, every)
+
+    # the study agrees: the stale trial FAIL with the reason, its configuration COMPLETE in
+    # the trial that ran it again (which names it), nothing left RUNNING or WAITING
+    study = optuna.load_study(study_name="tiny-dept", storage=storage)
+    trials = {t.number: t for t in study.trials}
+    stale_after = trials[stale.number]
+    assert stale_after.state == TrialState.FAIL
+    assert "after Ray Tune's last snapshot" in stale_after.user_attrs["raypeft.error"]
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert sorted(t.params["method.lr_prompt"] for t in complete) == [0.3, 0.5]
+    (again,) = [t for t in complete if t.params["method.lr_prompt"] == 0.5]
+    assert again.user_attrs["raypeft.rerun_of_trial"] == stale.number
+    assert again.user_attrs["raypeft.tune_trial_id"] in by_trial
+    assert not study.get_trials(states=(TrialState.RUNNING, TrialState.WAITING))
+
+
 @pytest.mark.usefixtures("shared_ray")  # nothing here is about Ray's start or stop
 @pytest.mark.parametrize("packed", [False, True], ids=["alone", "packed"])
 def test_diverging_trial_fails_with_its_reason_and_the_search_goes_on(tmp_path, packed):

@@ -30,13 +30,16 @@ from raypeft.search.study import (
     DRIVER_ATTR,
     METRICS_ATTR,
     PARENT_RUN_ATTR,
+    RERUN_OF_ATTR,
     STOPPED_EARLY_ATTR,
+    UNSNAPSHOTTED,
     build_sampler,
     default_storage,
     open_storage,
     plan_study,
     prepare_study,
     remaining_grid_points,
+    reruns,
     this_driver,
     unrecorded_ends,
 )
@@ -110,6 +113,39 @@ def test_scheduler_stop_is_pruned_at_the_step_reached(tmp_path):
     assert b.user_attrs["raypeft.tune_trial_id"] == "b"
     assert b.user_attrs["raypeft.parent_run_id"] == "parent123"
     assert b.user_attrs[METRICS_ATTR]["best_val_accuracy"] == 0.45
+
+
+def test_a_trial_asked_for_after_tunes_snapshot_is_closed_and_its_configuration_asked_again(
+    tmp_path,
+):
+    """Tune saves the searcher with its experiment; a trial asked for after that snapshot
+    (the driver died before the next) is unknown to the restored search. The restored
+    searcher closes it FAIL with the reason and the next ask returns its configuration,
+    naming it; a trial the snapshot knew is left to continue."""
+    search, url = make_search(tmp_path, [ACC])
+    search.suggest("a")
+    search.save(str(tmp_path / "searcher.json"))  # Tune's last snapshot: "a" only
+    late = search.suggest("b")
+    resumed, _ = make_search(tmp_path, [ACC])  # the resumed search's driver
+    resumed.restore(str(tmp_path / "searcher.json"))
+
+    study = optuna.load_study(study_name="study", storage=url)
+    a, b, queued = study.trials
+    assert a.state == TrialState.RUNNING  # Tune continues it
+    assert b.state == TrialState.FAIL and b.user_attrs["raypeft.error"] == UNSNAPSHOTTED
+    assert queued.state == TrialState.WAITING
+    assert resumed.suggest("c") == late  # the configuration trains again, as trial "c"
+    again = optuna.load_study(study_name="study", storage=url).trials[queued.number]
+    assert again.user_attrs[RERUN_OF_ATTR] == b.number
+    assert again.user_attrs["raypeft.tune_trial_id"] == "c"
+    (rerun,) = reruns(open_storage(url), "study", "parent123")
+    assert (rerun.number, rerun.tune_trial_id, rerun.again) == (b.number, "b", "c")
+    # resumed again from a snapshot that knows "c": nothing is closed or queued
+    resumed.save(str(tmp_path / "searcher.json"))
+    third, _ = make_search(tmp_path, [ACC])
+    third.restore(str(tmp_path / "searcher.json"))
+    states = [t.state for t in optuna.load_study(study_name="study", storage=url).trials]
+    assert states == [TrialState.RUNNING, TrialState.FAIL, TrialState.RUNNING]
 
 
 def test_a_restarted_trials_repeated_steps_are_reported_once_and_quietly(tmp_path):
