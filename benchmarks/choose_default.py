@@ -341,8 +341,6 @@ def main() -> None:
         parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
     if args.confirm_seed < args.seed + args.replays:
         parser.error("--confirm-seed must be at least --seed + --replays (fresh replays)")
-    confirm_replays = args.confirm_replays or args.replays
-    table_seed = args.seed if args.confirm_table_seed is None else args.confirm_table_seed
     wanted = list(dict.fromkeys([*labels, shipped]))
     chosen_on = [rows_for(t, wanted, args.replays, args.seed, args.out) for t in args.choose]
     choice = choose([{lbl: rows[lbl] for lbl in labels} for rows in chosen_on], args.margin)
@@ -351,8 +349,18 @@ def main() -> None:
     print_choice(choice, names, [{lbl: rows[lbl] for lbl in labels} for rows in chosen_on])
     print(f"leader {choice.leader}; ties: {', '.join(choice.tied[1:]) or 'none'}; "
           f"chosen {choice.chosen}; confirmed against {shipped}")  # fmt: skip
+    confirmation(args, parser, choice, chosen_on, labels, shipped)
+
+
+def confirmation(args, parser, choice: Choice, chosen_on: list[dict], labels: list[str],
+                 shipped: str) -> None:  # fmt: skip
+    """Step 5: the chosen, and the cheapest candidate as a control, against the shipped search
+    on the --confirm tables (once: refused on replays read before, recorded in the ledger and
+    shown from it when run again), then on fresh replays of the choice tables (information)."""
     steps = {lbl: sum(rows[lbl]["steps"]["median"] for rows in chosen_on) / len(chosen_on)
-             for lbl in wanted}  # fmt: skip
+             for lbl in dict.fromkeys([*labels, shipped])}  # fmt: skip
+    confirm_replays = args.confirm_replays or args.replays
+    table_seed = args.seed if args.confirm_table_seed is None else args.confirm_table_seed
     control = min(labels, key=lambda lbl: (round(steps[lbl], 6), labels.index(lbl)))
     margins = {lbl: cost_margin(steps[lbl], steps[shipped], args.points_per_grid)
                for lbl in dict.fromkeys([choice.chosen, control])}  # fmt: skip
@@ -385,7 +393,8 @@ def main() -> None:
         + (f"; run once on {entry['date']}, shown again" if entry else "")
         + "):"
     )
-    passes = confirm(margins, sets, shipped)
+    judged = confirm(margins, sets, shipped)
+    passes = entry["passes"] if entry else judged  # a confirmation is judged once
     if entry is None:
         with args.ledger.open("a") as f:
             f.write(json.dumps({"declared": declared, "date": datetime.date.today().isoformat(),

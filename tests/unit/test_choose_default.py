@@ -95,3 +95,39 @@ def test_a_confirmation_runs_once_on_replays_no_one_read():
     assert entry["date"] == "2026-11-29"
     assert entry["passes"] == {"tpe-asha-loss-grace2-repeat2x1-startup4": False,
                                "tpe-asha-loss": False}  # fmt: skip
+
+
+def run_main(monkeypatch, tmp_path, *extra: str) -> None:
+    """The 2026-11-29 command on copies of the stored replays and ledger."""
+    for name in ("replay_study.jsonl", "confirmations.jsonl"):
+        (tmp_path / name).write_text((RESULTS / name).read_text())
+    argv = ["choose_default", "--choose", str(RESULTS / "table_dept_subj.json"),
+            "--choose", str(RESULTS / "table_dept_mr.json"),
+            "--confirm", str(RESULTS / "table_dept_tweets.json"), "--confirm-replays", "200",
+            "--confirm-seed", "5000", "--out", str(tmp_path / "replay_study.jsonl"),
+            "--ledger", str(tmp_path / "confirmations.jsonl"), *extra]  # fmt: skip
+    monkeypatch.setattr("sys.argv", argv)
+    choose_default.main()
+
+
+def test_the_confirmation_of_2026_11_29_is_shown_from_the_ledger_not_judged_again(
+    monkeypatch, tmp_path, capsys
+):
+    run_main(monkeypatch, tmp_path, "--confirm-table-seed", "5000")
+    out = capsys.readouterr().out
+    assert "chosen tpe-asha-loss-grace2-repeat2x1-startup4" in out
+    assert "run once on 2026-11-29, shown again" in out
+    assert "NOT confirmed against tpe-asha-loss-repeat3x1 (margin -0.05 points)" in out
+    assert "control, the cheapest candidate tpe-asha-loss: fails (margin +0.10 points)" in out
+    assert (tmp_path / "confirmations.jsonl").read_text() == (
+        RESULTS / "confirmations.jsonl"
+    ).read_text()  # nothing recorded twice
+
+
+def test_a_confirmation_on_replays_read_before_is_refused(monkeypatch, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        run_main(monkeypatch, tmp_path, "--confirm-table-seed", "3100")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "its replays were read before (tpe-asha-loss-repeat3x1, seed 3000" in err
+    assert "choose a seed past 3200" in err

@@ -211,9 +211,9 @@ def hierarchical_interval(
     x, groups, statistic=np.mean, seed: int = 0, resamples: int = 2000
 ) -> tuple[float, float]:
     """A two-level bootstrap 95% percentile interval of ``statistic`` (a numpy reduction
-    taking ``axis``) over ``x``: each
-    resample draws the groups (seeds) with replacement, then, within each drawn group, its
-    values (replays) with replacement, and takes ``statistic`` of them all.
+    taking ``axis``) over ``x``: each resample draws the groups (seeds) with replacement,
+    then, within each drawn group, its values (replays) with replacement, and takes
+    ``statistic`` of them all.
 
     Replays of one table are not independent samples: every replay that holds out the same
     recorded seed is scored on that seed's draw of every configuration, so 200 replays of a
