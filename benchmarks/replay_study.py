@@ -41,6 +41,13 @@ Usage::
     python -m benchmarks.replay_study --table T.json --figures docs/figures \
         --figure-setting tpe-none-repeat2x1 --figure-setting tpe-asha-loss
     python -m benchmarks.replay_study --table T.json --seed 1000   # fresh replays: confirm
+    python -m benchmarks.replay_study --table T.json --replays 200 --seed 3000 --stored \
+        --only tpe-asha-loss-repeat3x1 --baseline tpe-none-repeat2x1   # stored rows, re-read
+
+Intervals are hierarchical (issue 57, item 5): each replay's held-out seed is drawn first,
+then its replays (:func:`raypeft.search.simulate.scores.hierarchical_interval`); rows stored
+before the held-out reference was picked without the held-out seed are re-scored on reading
+(:func:`rescored`).
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ from raypeft.config.loading import load_experiment
 from raypeft.reporting.replay_figures import draw_anytime, draw_tradeoff
 from raypeft.search.simulate import CurveTable, Paired, simulate
 from raypeft.search.simulate.records import FIGURES, nan_as_null
+from raypeft.search.simulate.runs import within_goal
+from raypeft.search.simulate.scores import Quality, Spread
 
 BASE = REPO / "search_spaces" / "dept.yaml"
 DRAWS = "trial_seed+heldout/1"  # replays draw seeds as searches do and hold one out (issue 42)
@@ -162,6 +171,9 @@ def shipped_setting() -> str:
 
 
 PER_REPLAY = ("heldout", "regret", "steps")  # kept per replay in each row: settings pair
+# how held-out regret's reference is picked: without the held-out seed (issue 57, item 5);
+# rows without this field picked it with that seed, and are re-scored on reading
+REFERENCE = "without-heldout-seed"
 
 
 def row_key(row: dict) -> tuple:
@@ -171,16 +183,73 @@ def row_key(row: dict) -> tuple:
             row.get("draws"))  # fmt: skip
 
 
-def read_rows(out: Path) -> list[dict]:
+def stored_rows(out: Path) -> list[dict]:
+    """The rows as stored."""
     if not out.exists():
         return []
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
+def read_rows(out: Path) -> list[dict]:
+    """The stored rows, each scored against the reference picked without its held-out seed
+    (:func:`rescored`)."""
+    rows = []
+    for row in stored_rows(out):
+        key = json.dumps(row, sort_keys=True)
+        if key not in _RESCORED:  # a study reads its file after each row: score each once
+            _RESCORED[key] = rescored(row, _quality(row["table"], row["table_digest"]))
+        rows.append(_RESCORED[key])
+    return rows
+
+
+_RESCORED: dict[str, dict] = {}
+
+
+@functools.cache
+def _quality(table: str, table_digest: str) -> Quality | None:
+    """The quality of the table a row was replayed on; None if the file has changed since."""
+    path = REPO / table
+    same = path.exists() and digest(path) == table_digest
+    return Quality.of(CurveTable.load(path)) if same else None
+
+
+def rescored(row: dict, quality: Quality | None) -> dict:
+    """``row`` with its held-out regret against the reference picked without the held-out
+    seed (issue 57, item 5). Rows stored before picked it with that seed; their figures less
+    :meth:`Quality.reference_inflation` of each replay's held-out seed are exactly what a
+    replay gives now (the choice does not depend on the reference), and their spread is
+    recomputed. ``quality`` None: the row's table has changed since (the first round's 3-seed
+    MR), so the row keeps its old figures, marked ``"reference": "with-heldout-seed"``."""
+    if row.get("reference") == REFERENCE:
+        return row
+    if quality is None:
+        return {**row, "reference": "with-heldout-seed"}
+    seeds = row["heldout_seeds"]
+    heldout = [
+        math.nan if v is None or seed is None else v - quality.reference_inflation(seed)
+        for v, seed in zip(row["per_replay"]["heldout"], seeds, strict=True)
+    ]
+    spread = Spread.of(heldout, groups=None if None in seeds else seeds)
+    row = {**row, "reference": REFERENCE, "heldout": spread_figures(spread)}
+    row["per_replay"] = {**row["per_replay"], "heldout": heldout}
+    if row["goal"].get("scored_on") == "heldout":
+        goal = row["goal"]
+        met = within_goal(spread.median, goal["tolerance_points"], goal["median_steps"])
+        row["goal"] = {**goal, "median_regret": spread.median, "met": met}
+    return row
+
+
+def spread_figures(spread: Spread) -> dict:
+    """A spread as a row stores it."""
+    return {"n": spread.n, "median": spread.median, "median_ci": list(spread.median_ci),
+            "iqm": spread.iqm, "iqm_ci": list(spread.iqm_ci), "q25": spread.q25,
+            "q75": spread.q75}  # fmt: skip
+
+
 def write_row(out: Path, row: dict, replacing: bool) -> None:
     """Append ``row`` to ``out``; ``replacing``: drop the stored rows with its key first."""
     if replacing:
-        kept = [r for r in read_rows(out) if row_key(r) != row_key(row)]
+        kept = [r for r in stored_rows(out) if row_key(r) != row_key(row)]
         out.write_text("".join(json.dumps(r) + "\n" for r in kept))
     with out.open("a") as f:
         f.write(json.dumps(nan_as_null(row)) + "\n")
@@ -204,17 +273,10 @@ def study_row(label: str, table_path: Path, table: CurveTable, replays: int, see
         "goal": sim.goal(),
         "per_replay": {f: [getattr(s, f) for s in sim.scores] for f in PER_REPLAY},
         "heldout_seeds": [s.heldout_seed for s in sim.scores],
+        "reference": REFERENCE,
     }
     for figure in FIGURES:
-        spread = sim.spread(figure)
-        row[figure] = {
-            "n": spread.n,
-            "median": spread.median,
-            "median_ci": list(spread.median_ci),
-            "iqm": spread.iqm,
-            "q25": spread.q25,
-            "q75": spread.q75,
-        }
+        row[figure] = spread_figures(sim.spread(figure))
     row["stopped_median"] = sorted(s.stopped for s in sim.scores)[len(sim.scores) // 2]
     return row
 
@@ -231,11 +293,22 @@ def as_float(values: list) -> list[float]:
     return [math.nan if v is None else float(v) for v in values]
 
 
+def seed_groups(row: dict) -> list[int] | None:
+    """Each replay's held-out seed: the top level of the hierarchical intervals (None where
+    no seed was held out: the intervals are then over replays)."""
+    seeds = row.get("heldout_seeds") or []
+    return None if not seeds or None in seeds else seeds
+
+
 def paired_cell(row: dict, base: dict | None, figure: str) -> str:
     """``row`` minus ``base`` replay by replay on ``figure``: mean [95% CI], Wilcoxon p."""
     if base is None or row is base:
         return "(baseline)" if row is base else "-"
-    paired = Paired.of(as_float(row["per_replay"][figure]), as_float(base["per_replay"][figure]))
+    paired = Paired.of(
+        as_float(row["per_replay"][figure]),
+        as_float(base["per_replay"][figure]),
+        groups=seed_groups(row),
+    )
     if paired.n == 0:
         return "-"
     p = "-" if math.isnan(paired.p_value) else f"{paired.p_value:.2g}"
@@ -307,6 +380,9 @@ def main() -> None:
     parser.add_argument("--baseline", default="tpe-asha-loss",
                         help="the setting every row is paired with (default: the search shipped "
                         "before the study)")  # fmt: skip
+    parser.add_argument("--stored", action="store_true",
+                        help="replay nothing: print the stored rows (re-scored, with "
+                        "hierarchical intervals) of --only or every setting")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "replay_study.jsonl")
     parser.add_argument("--figures", type=Path, help="folder for the comparison figures")
     parser.add_argument("--figure-setting", action="append", default=[],
@@ -321,7 +397,7 @@ def main() -> None:
     fresh: set[tuple] = set()
     for table_path in args.table:
         table, table_digest = CurveTable.load(table_path), digest(table_path)
-        for label in labels:
+        for label in [] if args.stored else labels:
             key = (table_digest, label, args.replays, args.seed, DRAWS)
             if key in done and not args.only:
                 continue

@@ -21,12 +21,30 @@ percentile where it falls among the replays and whether it lies inside their 5th
 percentile band.
 
 Real runs are appended to ``--out`` (JSON lines) as each finishes; one already there (same
-table, the file's settings and seeds) is not run again, so an interrupted check continues.
+table, the file's settings and seeds) is not run again, so an interrupted check continues;
+``--chunk N`` stops after N new real runs (resumable chunks on a shared machine).
+
+**Means, not a band** (issue 57, item 5): one real run placed in the replays' band of
+single-seed scores says little (on README's task the band ran from -1.44 to 3.55 points). Each
+real run is also scored by its **unseen-seed mean**: the mean, over the table's seeds (none of
+which it trained), of its choice's held-out regret on that seed against the reference picked
+without it (:meth:`Quality.heldout_regret`), the figure a replay's held-out regret estimates
+from one seed. The real runs' mean of it (bootstrap interval over runs) is printed beside the
+replays' mean held-out regret (hierarchical interval: seeds, then replays).
+
+**Paired real runs** (``--pair FILE``, a second search file): real run k of each file at the
+same seeds (sampler ``search.seed + k``, ``train.seed`` ``--train-seed + k``), run one after
+the other so that a chunk ends with whole pairs; the paired differences (the file minus the
+pair, unseen-seed mean regret, trial-steps and wall) with a bootstrap interval over pairs,
+beside what the replays predict for the same two files (paired, hierarchical interval).
 
 Usage::
 
     python -m benchmarks.simulation_check --table benchmarks/results/table_dept_subj.json \\
         --set task.data_dir=../shared/data/subj --runs 3
+    git show 538285c:search_spaces/dept.yaml > /tmp/dept_previous.yaml   # the search before
+    python -m benchmarks.simulation_check --table benchmarks/results/table_dept_tweets.json \\
+        --runs 6 --pair /tmp/dept_previous.yaml --chunk 2   # again until 6 pairs are stored
 """
 
 from __future__ import annotations
@@ -49,7 +67,7 @@ from raypeft.config.loading import load_experiment, parse_override, validate_exp
 from raypeft.config.space import configuration_key
 from raypeft.search.simulate.plan import fixed_values, replay_config
 from raypeft.search.simulate.runs import simulate
-from raypeft.search.simulate.scores import Quality
+from raypeft.search.simulate.scores import Quality, hierarchical_interval
 from raypeft.search.simulate.table import WALL_METRIC, CurveTable
 from raypeft.tracking.tags import CONFIGURATION_TAG
 
@@ -142,31 +160,106 @@ def main(argv: list[str] | None = None) -> None:
     quiet_and_local()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # a line per study otherwise
     table = CurveTable.load(args.table)
-    search = load_experiment(args.space)
-    sim = simulate(search, table, replays=args.replays, concurrency=table.concurrency())
-    grid_steps, grid_wall = sim.grid_figures()  # each real run is scored against these
-    runs = done_runs(args)
+    spaces = [args.space] + ([args.pair] if args.pair else [])
+    searches = [load_experiment(space) for space in spaces]
+    sims = [
+        simulate(
+            search, table, replays=args.replays, concurrency=table.concurrency(), label=space.stem
+        )
+        for search, space in zip(searches, spaces, strict=True)
+    ]
+    grid_steps, grid_wall = sims[0].grid_figures()  # each real run is scored against these
+    keys = [run_key(args.table, space, args.train_seed) for space in spaces]
+    runs = [done_runs(args.out, key) for key in keys]
+    started = 0
     for k in range(args.runs):
-        if any(r["k"] == k for r in runs):
-            continue
-        with tempfile.TemporaryDirectory(prefix="simulation-check-") as tmp:
-            cfg = real_config(search, table, k, args.train_seed, args.set, Path(tmp))
-            print(f"real run {k}: sampler seed {cfg.search.seed}, train.seed {cfg.train.seed}",
-                  flush=True)  # fmt: skip
-            row = {"key": run_key(args), "k": k}
-            row |= real_run(cfg, table, sim.quality, grid_steps, grid_wall, Path(tmp))
-        with args.out.open("a") as out:
-            out.write(json.dumps(row) + "\n")
-        runs.append(row)
-        print(f"real run {k}: {json.dumps(row)}", flush=True)
-    report(sim, runs, args, grid_steps, grid_wall)
+        for search, key, done in zip(searches, keys, runs, strict=True):
+            if any(r["k"] == k for r in done):
+                continue
+            if args.chunk is not None and started >= args.chunk:
+                break
+            started += 1
+            with tempfile.TemporaryDirectory(prefix="simulation-check-") as tmp:
+                cfg = real_config(search, table, k, args.train_seed, args.set, Path(tmp))
+                print(f"real run {k} of {search.name}: sampler seed {cfg.search.seed}, "
+                      f"train.seed {cfg.train.seed}", flush=True)  # fmt: skip
+                row = {"key": key, "k": k}
+                row |= real_run(cfg, table, sims[0].quality, grid_steps, grid_wall, Path(tmp))
+            with args.out.open("a") as out:
+                out.write(json.dumps(row) + "\n")
+            done.append(row)
+            print(f"real run {k}: {json.dumps(row)}", flush=True)
+    for space, sim, done in zip(spaces, sims, runs, strict=True):
+        report(sim, done, argparse.Namespace(space=space, table=args.table), grid_steps,
+               grid_wall)  # fmt: skip
+        print(means_line(sim, done))
+    if args.pair:
+        print(pairs_line(sims, runs))
+
+
+def unseen_mean(quality: Quality, chosen: str) -> float:
+    """A real run's choice scored on every seed of the table (it trained none of them): the
+    mean of its held-out regret on each, against the reference picked without that seed."""
+    seeds = sorted(next(iter(quality.values.values())))
+    return float(np.mean([quality.heldout_regret(chosen, seed) for seed in seeds]))
+
+
+def mean_interval(values: list[float]) -> str:
+    """``mean [bootstrap 95% interval]`` over independent values (real runs or pairs)."""
+    if not values:
+        return "-"
+    if len(values) < 2:
+        return f"{values[0]:+.2f} (one run)"
+    low, high = hierarchical_interval(np.asarray(values), list(range(len(values))))
+    return f"{np.mean(values):+.2f} [{low:+.2f}, {high:+.2f}]"
+
+
+def means_line(sim, runs: list[dict]) -> str:
+    """The real runs' unseen-seed mean regret beside the replays' mean held-out regret."""
+    real = [unseen_mean(sim.quality, r["chosen"]) for r in sorted(runs, key=lambda r: r["k"])]
+    replayed = sim.spread("heldout")
+    held = [s.heldout for s in sim.scores if np.isfinite(s.heldout)]
+    groups = [s.heldout_seed for s in sim.scores if np.isfinite(s.heldout)]
+    low, high = hierarchical_interval(np.asarray(held), groups) if held else (np.nan, np.nan)
+    return (f"{sim.name}: real runs' unseen-seed mean regret {mean_interval(real)} points "
+            f"({len(real)} runs: {', '.join(f'{v:.2f}' for v in real)}); the replays' mean "
+            f"held-out regret {np.mean(held):+.2f} [{low:+.2f}, {high:+.2f}] ({replayed.n} "
+            f"replays, seeds then replays)")  # fmt: skip
+
+
+def pairs_line(sims, runs: list[list[dict]]) -> str:
+    """The first file minus the pair, real run k against real run k, beside the replays'."""
+    a, b = ({r["k"]: r for r in done} for done in runs)
+    both = sorted(a.keys() & b.keys())
+    quality = sims[0].quality
+    cells = []
+    for name, figure in (("unseen-seed mean regret", None), ("trial-steps / grid", "steps"),
+                         ("wall / grid", "wall")):  # fmt: skip
+        if figure is None:
+            d = [unseen_mean(quality, a[k]["chosen"]) - unseen_mean(quality, b[k]["chosen"])
+                 for k in both]  # fmt: skip
+        else:
+            d = [a[k][figure] - b[k][figure] for k in both]
+        cells.append(f"{name} {mean_interval(d)}")
+    replayed = sims[0].paired(sims[1])
+    return (
+        f"{sims[0].name} minus {sims[1].name}, {len(both)} real pairs: "
+        + "; ".join(cells)
+        + f". The replays predict {replayed.describe()} on held-out regret."
+    )
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", type=Path, required=True)
     parser.add_argument("--space", type=Path, default=REPO / "search_spaces" / "dept.yaml")
+    parser.add_argument(
+        "--pair", type=Path, help="a second search file, run at the same seeds: paired real runs"
+    )
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--chunk", type=int, help="stop after this many new real runs (run again to go on)"
+    )
     parser.add_argument("--replays", type=int, default=30)
     parser.add_argument("--train-seed", type=int, default=100,
                         help="real run k trains at TRAIN_SEED + k (unrecorded)")  # fmt: skip
@@ -176,10 +269,10 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
-def run_key(args) -> str:
+def run_key(table: Path, space: Path, train_seed: int) -> str:
     """What a real run's result depends on: the table, the file's settings and the seeds'
     base."""
-    return f"{digest(args.table)}/{settings_digest(args.space)}/{args.train_seed}"
+    return f"{digest(table)}/{settings_digest(space)}/{train_seed}"
 
 
 def settings_digest(path: Path) -> str:
@@ -190,11 +283,11 @@ def settings_digest(path: Path) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def done_runs(args) -> list[dict]:
-    if not args.out.exists():
+def done_runs(out: Path, key: str) -> list[dict]:
+    if not out.exists():
         return []
-    rows = [json.loads(line) for line in args.out.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["key"] == run_key(args)]
+    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return [r for r in rows if r["key"] == key]
 
 
 def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> None:

@@ -10,8 +10,9 @@ and a test holds it equal to them on a shipped table (tests/unit/test_synetune_b
   checkpoint keeps); a configuration's quality is its mean over the table's seeds;
 - replay ``i`` holds out seed ``seeds[i % n]`` and trains every trial on one common seed
   (``search.trial_seed: fixed``), ``usable[(i // n) % (n - 1)]``;
-- the held-out regret of a choice is the best configuration's value on the held-out seed minus
-  the chosen one's, in points (x100);
+- the held-out regret of a choice is the reference's value on the held-out seed minus the
+  chosen one's, in points (x100), the reference being the configuration of the best mean over
+  the *other* seeds (issue 57: picked with the scoring seed, it inflated the regret);
 - a replay's anytime curve: after each trial that ended (in the order they ended), the trial
   with the best checkpoint value among the ended ones (a tie: the one created first), against
   the steps those trials trained, as a fraction of the full grid's.
@@ -154,12 +155,26 @@ class Quality:
         means = self.final.mean(axis=1)
         return POINTS * self.sign * float(means[self.best] - means[chosen])
 
+    def best_without(self, seed: int) -> int:
+        """The configuration of the best mean over the seeds other than ``seed`` (a tie: the
+        first in the table)."""
+        others = [i for i, s in enumerate(self.seeds) if s != seed]
+        return int(np.argmax(self.sign * self.final[:, others].mean(axis=1)))
+
     def heldout_regret(self, chosen: int, seed: int | None) -> float:
-        """Points below the best configuration, both on the held-out ``seed`` (NaN: none)."""
+        """Points below the reference, both on the held-out ``seed`` (NaN: none); the
+        reference is the best configuration by the other seeds' mean (:meth:`best_without`)."""
         if seed is None:
             return math.nan
+        col, best = self.seeds.index(seed), self.best_without(seed)
+        return POINTS * self.sign * float(self.final[best, col] - self.final[chosen, col])
+
+    def reference_inflation(self, seed: int) -> float:
+        """Points by which the reference picked with ``seed`` (before issue 57) overstated
+        held-out regret on it."""
         col = self.seeds.index(seed)
-        return POINTS * self.sign * float(self.final[self.best, col] - self.final[chosen, col])
+        return POINTS * self.sign * float(self.final[self.best, col]
+                                          - self.final[self.best_without(seed), col])  # fmt: skip
 
 
 @dataclass(frozen=True)

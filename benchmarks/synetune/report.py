@@ -1,11 +1,16 @@
 """The study's tables from its JSON lines: regret by method, table and budget, and the
 simulator cross-check (raypeft's random search and ASHA against syne-tune's).
 
-Held-out regret in points, mean over replays with a bootstrap 95% interval (scipy, 2000
-resamples, percentile); "minus shipped": the paired difference from raypeft's shipped
-search, replay by replay (the same seed draws), its mean and bootstrap interval. The
-cross-check compares two independent samplers on the same draws: the difference of their
-mean regrets with an unpaired bootstrap interval, and the Mann-Whitney U test's p::
+Held-out regret in points, mean over replays with a hierarchical bootstrap 95% interval
+(issue 57, item 5: the held-out seeds drawn with replacement, then each drawn seed's replays;
+2000 resamples, percentile), the interval raypeft's study uses
+(:func:`raypeft.search.simulate.scores.hierarchical_interval`); "minus shipped": the paired
+difference from raypeft's shipped search, replay by replay (the same seed draws), its mean
+and hierarchical interval, and beside it the interval over replays alone. A row stored before
+the reference was picked without the held-out seed is re-scored exactly on reading (its
+choice does not depend on the reference). The cross-check compares two independent samplers
+on the same draws: the difference of their mean regrets with an unpaired bootstrap interval
+over replays, and the Mann-Whitney U test's p::
 
     PYTHONPATH=. /work/main/.venv/bin/python -m benchmarks.synetune.report [--out FILE]
 """
@@ -23,20 +28,54 @@ import numpy as np
 from scipy import stats
 
 from benchmarks.common.tables import markdown_table, right_aligned_after
-from benchmarks.synetune.study import BUDGETS, OUT
+from benchmarks.synetune.curves import Quality, load
+from benchmarks.synetune.study import BUDGETS, OUT, REFERENCE, TABLES, digest
+from raypeft.search.simulate.scores import hierarchical_interval
 
 SHIPPED = "raypeft-shipped"
 CROSS_CHECK = (("raypeft-random", "st-random"), ("raypeft-random-asha", "st-asha"))
 
 
-def read(out: Path) -> dict[tuple[str, str], dict[int, dict]]:
-    """(table, method) -> replay -> row (the last stored for a replay wins)."""
+def read(out: Path, tables: list[Path] = TABLES) -> dict[tuple[str, str], dict[int, dict]]:
+    """(table, method) -> replay -> row (the last stored for a replay wins), each row's
+    held-out regret against the reference picked without its held-out seed (rows stored
+    before are re-scored; one whose table is not among ``tables`` at its digest is left
+    out, with a line on stderr)."""
     rows: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
+    qualities = {digest(t): Quality.of(load(t)) for t in tables if Path(t).exists()}
+    unknown: set[str] = set()
     for line in out.read_text().splitlines():
         if line.strip():
             r = json.loads(line)
+            if r.get("reference") != REFERENCE:
+                if r["table_sha"] not in qualities:
+                    unknown.add(r["table"])
+                    continue
+                r = rescored(r, qualities[r["table_sha"]])
             rows[(r["table"], r["method"])][r["replay"]] = r
+    if unknown:
+        print(f"left out (their table changed since): {sorted(unknown)}", file=sys.stderr)
     return rows
+
+
+def rescored(row: dict, quality: Quality) -> dict:
+    """``row`` with its held-out regret against the reference picked without its held-out
+    seed: the old figure minus :meth:`Quality.reference_inflation` of that seed, exact since
+    the replay's choice does not depend on the reference."""
+    seed = row.get("heldout_seed")
+    shift = 0.0 if seed is None else quality.reference_inflation(seed)
+    budgets = {
+        b: None if at is None else {
+            **at, "heldout": None if at["heldout"] is None else round(at["heldout"] - shift, 4)
+        }
+        for b, at in row["budgets"].items()
+    }  # fmt: skip
+    return {**row, "budgets": budgets, "reference": REFERENCE}
+
+
+def seeds_of(replays: dict[int, dict], which: list[int]) -> list:
+    """The held-out seed of each replay in ``which``: the top level of the intervals."""
+    return [replays[i].get("heldout_seed") for i in which]
 
 
 def figure(replays: dict[int, dict], budget: float, name: str = "heldout") -> dict[int, float]:
@@ -65,28 +104,42 @@ def interval(*samples, statistic, paired: bool = False) -> tuple[float, float]:
     return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
-def mean_ci(values: list[float]) -> str:
+def grouped_interval(x: np.ndarray, groups: list) -> tuple[float, float]:
+    """The hierarchical bootstrap interval of the mean (seeds, then replays); over replays
+    where a replay has no held-out seed."""
+    if any(g is None for g in groups):
+        return interval(x, statistic=np.mean)
+    return hierarchical_interval(x, groups, np.mean, seed=0)
+
+
+def mean_ci(values: dict[int, float], replays: dict[int, dict]) -> str:
     if not values:
         return "-"
-    x = np.asarray(values)
-    low, high = interval(x, statistic=np.mean)
+    which = sorted(values)
+    x = np.asarray([values[i] for i in which])
+    low, high = grouped_interval(x, seeds_of(replays, which))
     return f"{x.mean():.2f} [{low:.2f}, {high:.2f}]"
 
 
-def paired_ci(a: dict[int, float], b: dict[int, float]) -> str:
+def paired_ci(a: dict[int, float], b: dict[int, float], replays: dict[int, dict]) -> str:
+    """The mean of a - b, replay by replay: [hierarchical interval] (over replays alone)."""
     both = sorted(a.keys() & b.keys())
     if not both:
         return "-"
     d = np.asarray([a[i] - b[i] for i in both])
-    low, high = interval(d, statistic=np.mean)
-    return f"{d.mean():+.2f} [{low:+.2f}, {high:+.2f}]"
+    low, high = grouped_interval(d, seeds_of(replays, both))
+    flat_low, flat_high = interval(d, statistic=np.mean)
+    return (f"{d.mean():+.2f} [{low:+.2f}, {high:+.2f}] "
+            f"(replays only [{flat_low:+.2f}, {flat_high:+.2f}])")  # fmt: skip
 
 
 def anchored(method: str, replays: dict, shipped: dict, budget: float) -> str:
     """The paired difference from the shipped search at ``budget`` ("anchor" on its row)."""
     if method == SHIPPED:
         return "(anchor)"
-    return paired_ci(figure(replays, budget), figure(shipped, budget)) if shipped else "-"
+    if not shipped:
+        return "-"
+    return paired_ci(figure(replays, budget), figure(shipped, budget), replays)
 
 
 def regret_table(rows, table: str) -> str:
@@ -100,7 +153,7 @@ def regret_table(rows, table: str) -> str:
         replays = rows[(table, method)]
         walls = list(figure(replays, top, "wall").values())
         body.append([method]
-                    + [mean_ci(list(figure(replays, b).values())) for b in BUDGETS]
+                    + [mean_ci(figure(replays, b), replays) for b in BUDGETS]
                     + [anchored(method, replays, shipped, top),
                        f"{np.median(walls):.2f}" if walls else "-", str(len(replays))])  # fmt: skip
     header = ["method"] + [f"held-out regret at {b:g}" for b in BUDGETS]

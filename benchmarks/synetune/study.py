@@ -49,6 +49,9 @@ BUDGETS = (0.1, 0.2, 0.3)
 ST_METHODS = ("st-random", "st-asha", "st-asha-3brackets", "st-bohb", "st-tpe", "st-rea",
               "st-bore", "st-asha-bore", "st-cqr", "st-asha-cqr")  # fmt: skip
 RAYPEFT_METHODS = ("raypeft-shipped", "raypeft-random", "raypeft-random-asha")
+# how held-out regret's reference was picked: rows without this field picked it with the
+# held-out seed itself (before issue 57, item 5); the report re-scores them exactly
+REFERENCE = "without-heldout-seed"
 
 
 def available() -> list[str]:
@@ -126,6 +129,7 @@ def run(tables: list[Path], methods: list[str], replays: int, out: Path) -> int:
                 row = {"method": method, "table": path.stem, "table_sha": sha, "replay": i,
                        "heldout_seed": draw.heldout, "common_seed": draw.common,
                        "workers": workers, "date": datetime.date.today().isoformat(),
+                       "reference": REFERENCE,
                        **scored(curves, draw, points, workers)}  # fmt: skip
                 with out.open("a") as f:
                     f.write(json.dumps(row) + "\n")

@@ -6,8 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import yaml
+
 from benchmarks import replay_study, simulation_check
+from raypeft.config.loading import load_experiment
 from raypeft.search.simulate import CurveTable, replay_config, simulate
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_real_run_is_the_replayed_search_at_unrecorded_seeds(dept_table_file, tmp_path):
@@ -111,3 +117,43 @@ def test_real_runs_are_keyed_by_the_files_settings_not_its_comments(tmp_path):
     assert simulation_check.settings_digest(path) == before
     path.write_text("search:\n  num_samples: 13\n")
     assert simulation_check.settings_digest(path) != before
+
+
+TWEETS = REPO / "benchmarks" / "results" / "table_dept_tweets.json"
+STORED = TWEETS.parent / "simulation_check.jsonl"
+
+
+def test_a_real_run_is_scored_by_its_unseen_seed_mean_on_the_shipped_table():
+    """README's task: the shipped search's real run 1 chose (3e-1, 1e-4, 40), 2.40 points
+    below the best seed-mean; on each of the 5 seeds against the reference picked without it,
+    1.75 points on average (the reference no longer flatters by the seed it is scored on)."""
+    quality = simulate_quality(TWEETS)
+    chosen = "method.lr_lowrank=0.0001, method.lr_prompt=0.3, method.prompt_length=40"
+    assert quality.regret(chosen) == pytest.approx(2.40)
+    assert simulation_check.unseen_mean(quality, chosen) == pytest.approx(1.75)
+
+
+def simulate_quality(path):
+    from raypeft.search.simulate.scores import Quality
+
+    return Quality.of(CurveTable.load(path))
+
+
+def test_paired_real_runs_pair_by_k_beside_the_replays_prediction(tmp_path):
+    """The stored real runs on README's task, 3 of the shipped search and 3 of the one before
+    it at the same seeds: paired by k, against 2 replays of each (to keep this quick)."""
+    previous = tmp_path / "dept_previous.yaml"
+    data = yaml.safe_load((REPO / "search_spaces" / "dept.yaml").read_text())
+    data["search"] = {**data["search"], "scheduler": {"type": "none"},
+                      "repeat_best": {"top_k": 2, "seeds": 1}}  # fmt: skip
+    previous.write_text(yaml.safe_dump(data))
+    spaces = [REPO / "search_spaces" / "dept.yaml", previous]
+    keys = [simulation_check.run_key(TWEETS, s, 100) for s in spaces]
+    runs = [simulation_check.done_runs(STORED, key) for key in keys]
+    assert [len(r) for r in runs] == [3, 3]  # the runs of 2026-11-28, pairs 0-2
+    table = CurveTable.load(TWEETS)
+    sims = [simulate(load_experiment(s), table, replays=2, label=s.stem) for s in spaces]
+    line = simulation_check.pairs_line(sims, runs)
+    assert line.startswith("dept minus dept_previous, 3 real pairs: unseen-seed mean regret +1.02")
+    assert "trial-steps / grid -0.09" in line and "The replays predict" in line
+    assert "(3 runs: 0.35, 1.75, 1.05)" in simulation_check.means_line(sims[0], runs[0])
