@@ -444,7 +444,12 @@ class MLflowTrialCallback(Callback):
         if trial.checkpoint is not None:
             self.tune_checkpoints[trial.trial_id] = trial.checkpoint
         folder = self.best_checkpoint_dir(trial.trial_id)
-        if folder is not None:  # a diverged trial keeps what it had learnt before, too
+        # a diverged trial keeps what it had learnt before, too. A run's model is logged
+        # once: a trial that ended after Tune's last snapshot of a lost driver (or head) is
+        # run again on --resume from the checkpoint that snapshot named, and the model its
+        # first end logged stays as it was (artefacts are never rewritten)
+        logged = folder is not None and self.client.list_artifacts(run_id, MODEL_ARTIFACTS)
+        if folder is not None and not logged:
             log_model(self.client, run_id, folder, MODEL_ARTIFACTS)
         if FAILURE_KEY in trial.last_result:
             self.client.set_terminated(run_id, "FAILED")
