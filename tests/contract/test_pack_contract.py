@@ -159,6 +159,7 @@ def alone_reports(cfg, task) -> list[dict]:
 
 
 @pytest.mark.parametrize(("name", "variant", "backbone"), CASES)
+@pytest.mark.slow
 def test_a_pack_trains_each_member_as_alone(name, variant, backbone, task_files):
     cfgs = experiments(name, variant, backbone, task_files)
     task = tokenized(backbone, cfgs[0].task, cfgs[0].model)

@@ -218,6 +218,7 @@ def node_subnets(ec2, resolved: dict) -> list[dict]:
     return ec2.describe_subnets(SubnetIds=ids)["Subnets"]
 
 
+@pytest.mark.slow
 def test_the_documented_group_is_every_nodes_group_with_only_its_two_rules(ec2):
     """Steps 5 and 8 of docs/cluster.md, then what `ray up` resolves: every node type in
     that group, its subnets in the group's VPC, and the group's rules as step 5 made them."""
@@ -237,6 +238,7 @@ def test_the_documented_group_is_every_nodes_group_with_only_its_two_rules(ec2):
         assert node_type["node_config"]["SecurityGroupIds"] == [env["SG"]], name
 
 
+@pytest.mark.slow
 def test_an_id_left_as_shipped_stops_ray_up_without_making_a_group(ec2, capsys):
     """Skipping step 5 or 8 fails closed: no group is created, none is opened."""
     groups_before = group_ids(ec2)
@@ -268,6 +270,7 @@ def named_group(ec2) -> str:
 
 
 @pytest.mark.parametrize("commands", ["none", "create-only"])
+@pytest.mark.slow
 def test_a_named_group_ray_creates_or_finds_empty_lets_ssh_in_from_anywhere(ec2, commands):
     """No group (Ray creates it), or step 5 without its rules: Ray adds the intra-group rule,
     SSH from 0.0.0.0/0 and the section's rule."""
@@ -282,6 +285,7 @@ def test_a_named_group_ray_creates_or_finds_empty_lets_ssh_in_from_anywhere(ec2,
     assert ingress(ec2, group) == documented_rules(group, FILE_CIDR) | {("tcp", 22, 22, ANYWHERE)}
 
 
+@pytest.mark.slow
 def test_a_named_group_that_has_rules_gets_none_of_the_sections_rules(ec2):
     """docs/cluster.md's procedure until this was tested: the group made with its rules by
     step 5, the file's section naming it. Ray uses it as it is: the section's SSH rule
@@ -297,6 +301,7 @@ def test_a_named_group_that_has_rules_gets_none_of_the_sections_rules(ec2):
         assert node_type["node_config"]["SecurityGroupIds"] == [env["SG"]], name
 
 
+@pytest.mark.slow
 def test_the_groups_vpc_decides_where_the_nodes_go(ec2):
     """Another VPC whose public subnet comes first in the first zone: Ray looks a named group
     up there (and creates it, open to the world), whichever VPC step 5 used; the group's id

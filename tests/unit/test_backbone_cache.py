@@ -147,6 +147,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow
 def test_a_cached_trial_is_the_fresh_process_trial(case):
     """Trial B after trial A in one process (B's backbone from the cache) equals B in a fresh
     process, metric for metric and tensor for tensor; the cached backbone stays pristine."""

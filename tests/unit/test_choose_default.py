@@ -27,6 +27,7 @@ NOISY = [0.25, 0.0, 0.5, 0.25, 0.25, 0.25, 0.0, 0.5, 0.5, 0.0, 0.5, 0.25]
 WORSE = [v + 1.0 for v in LEADER]  # one point worse on every replay
 
 
+@pytest.mark.slow
 def test_a_cheaper_tie_is_chosen_over_the_leader():
     tables = [
         {"leader": row(LEADER, 0.29), "cheap-tie": row(NOISY, 0.19), "cheap-worse": row(WORSE, 0.1)}
@@ -60,6 +61,7 @@ def test_a_candidate_without_a_held_out_figure_is_refused():
         choose_default.choose([{"leader": row(LEADER, 0.29), "no-seed": no_seed}])
 
 
+@pytest.mark.slow
 def test_confirmation_fails_where_the_chosen_loses_more_than_its_margin(capsys):
     shipped = shipped_setting()
     holds = {"a": {"cheap": row(NOISY, 0.19), shipped: row(LEADER, 0.29)}}
@@ -110,6 +112,7 @@ def run_main(monkeypatch, tmp_path, *extra: str) -> None:
     choose_default.main()
 
 
+@pytest.mark.slow
 def test_the_confirmation_of_2026_11_29_is_shown_from_the_ledger_not_judged_again(
     monkeypatch, tmp_path, capsys
 ):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
@@ -247,6 +248,7 @@ def test_the_console_script_skips_the_last_garbage_collection(monkeypatch):
     assert registered == [gc.freeze] and ran == ["main"]
 
 
+@pytest.mark.slow
 def test_an_address_where_nothing_listens_is_one_line_and_creates_nothing(tmp_path):
     """`tune --address` of a port nobody listens on (a typo, a head not started): exit 2 at
     once, one line naming the address, no store, study or results left (a process of its own:

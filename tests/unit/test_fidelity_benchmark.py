@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.fidelity import plan as fidelity_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,6 +74,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_tiny_benchmark_runs_resumes_and_reports(tmp_path):
     data = _write_tiny_data(tmp_path / "data")
     results = tmp_path / "fidelity.jsonl"
@@ -130,6 +133,7 @@ def _is_json(line: str) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_tiny_calibration_reports_the_majority_class_and_a_count(tmp_path):
     data = _write_tiny_data(tmp_path / "data")
     results = tmp_path / "fidelity.jsonl"
@@ -146,6 +150,7 @@ def test_tiny_calibration_reports_the_majority_class_and_a_count(tmp_path):
     assert squeezed(_fidelity(tmp_path, *args, "--report").stdout).count("| 2 |") == 1
 
 
+@pytest.mark.slow
 def test_tiny_benchmark_runs_on_the_shared_data_s_other_tasks(tmp_path):
     """TREC (six classes) and CoLA (Matthews correlation; no labelled test split) when named."""
     data = _write_tiny_data(tmp_path / "data")

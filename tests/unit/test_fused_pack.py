@@ -163,6 +163,7 @@ def test_a_fused_step_is_the_member_by_member_step(model_type, head_pooling, mem
         assert x.scheduler.state_dict() == y.scheduler.state_dict()
 
 
+@pytest.mark.slow
 def test_a_compiled_fused_step_is_the_member_by_member_step():
     """``resources.compile_packs``: the fused step compiled with ``torch.compile`` (static
     shapes: every slot a full batch of rows, blanks weighted 0; prompts in buckets), a member

@@ -30,6 +30,7 @@ def _blocked_packages(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_gpu_step_runs_without_ray_mlflow_optuna_datasets(tmp_path):
     blocked = _blocked_packages(tmp_path / "blocked")
     args = ["--tiny", "--steps", "2", "--warmup", "1", "--batch-size", "4", "--seq-len", "16"]

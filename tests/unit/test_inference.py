@@ -152,6 +152,7 @@ def pair_task_files(tmp_path_factory) -> dict:
     ],
     ids=lambda v: v if isinstance(v, str) else v["name"],
 )
+@pytest.mark.slow
 def test_inference_equals_training_path(trained, model, method):
     cfg, task, folder = trained(model, method)
     expected = training_path_predictions(cfg, task, folder)
@@ -380,6 +381,7 @@ def card_snippet(out: Path) -> str:
     ["tiny-bert", {"name": "minilm", "head_pooling": "first"}, "tiny-gpt2"],
     ids=["tiny-bert", "minilm", "tiny-gpt2"],
 )
+@pytest.mark.slow
 def test_the_model_cards_snippet_runs_as_written_and_prints_what_predict_prints(
     trained, tmp_path, model
 ):

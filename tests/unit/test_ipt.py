@@ -536,6 +536,7 @@ def test_config_validation():
         IPTConfig(placement="deep").resolve(one_layer)
 
 
+@pytest.mark.slow
 def test_examples_run(tiny_backbone, tiny_batch):
     for cfg in IPTConfig.examples().values():
         model = PromptedModel(tiny_backbone(), cfg)

@@ -182,6 +182,7 @@ def test_system_metrics_switch():
 # ----------------------------------------------------------------------------- the UI's view
 
 
+@pytest.mark.slow
 def test_experiment_opens_in_the_model_training_view_with_its_metrics(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp_id = client.create_experiment("x")

@@ -306,6 +306,7 @@ def test_padding_waste_counts_the_padded_prompt_slots():
     assert PackShape().padding_waste == 0.0
 
 
+@pytest.mark.slow
 def test_members_of_a_real_checkpoint_differ_in_seed(task):
     """On a pre-trained backbone (MiniLM) the frozen weights do not depend on the seed: members
     with their own seeds (head initialisation, data order) share one backbone."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from benchmarks import pack_dispatch
 from benchmarks.gpu_step import Setting
 from raypeft.methods import METHODS
@@ -40,6 +42,7 @@ def _count(cell: str) -> int:
     return value
 
 
+@pytest.mark.slow
 def test_every_packing_method_and_k_gets_its_operator_count(tmp_path):
     proc = run_benchmark("benchmarks.pack_dispatch", ["--smoke"], tmp_path, [REPO])
     out = proc.stdout

@@ -5,6 +5,7 @@ task of tests/unit/test_pack_host.py."""
 
 from __future__ import annotations
 
+import pytest
 import ray
 from ray import tune
 
@@ -44,6 +45,7 @@ def relaying(seat: Seat):
     return trainable
 
 
+@pytest.mark.slow
 def test_a_member_whose_trial_cannot_be_checked_fails_the_trial_with_the_reason(
     task,  # noqa: F811 - the fixture imported above
     local_ray,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +27,7 @@ def _blocked_packages(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_packing_benchmark_prints_packed_against_separate_trials(tmp_path):
     blocked = _blocked_packages(tmp_path / "blocked")
     args = ["--tiny", "--methods", "pt", "--ks", "1,2", "--steps", "2", "--warmup", "1"]

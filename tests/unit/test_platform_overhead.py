@@ -12,6 +12,7 @@ from benchmarks import platform_overhead
 from benchmarks.common.servers import ServerUnavailable
 
 
+@pytest.mark.slow
 def test_the_benchmark_measures_every_layer_and_resumes(tmp_path, capsys):
     out = tmp_path / "overhead.jsonl"
     args = ["--sizes", "2", "--concurrency", "2", "--stores", "sqlite", "--out", str(out)]

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 RAYPEFT = Path(__file__).resolve().parents[2] / "raypeft"
 
 
@@ -39,6 +41,7 @@ def _node_address(script: str, env: dict) -> str:
     return child.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_with_the_cluster_flag_lowered_ray_takes_loopback_as_the_nodes_address():
     """Reason: ray.init() has no public switch to bind a one-machine Ray to 127.0.0.1;
     search/ray_session.py lowers Ray's private ENABLE_RAY_CLUSTER in its process (and sets
@@ -124,6 +127,7 @@ def _judge(log_dir: Path):
     return Judge()
 
 
+@pytest.mark.slow
 def test_a_function_trainables_report_returns_only_when_tune_goes_on(tmp_path, local_ray):
     """Reason: a packed trial steps again only after tune.report returned (search/packs.py):
     a function trainable's tune.report waits until Tune asks for the trial's next result,

@@ -56,6 +56,7 @@ def make_candidate(client):
     return make
 
 
+@pytest.mark.slow
 def test_versions_accumulate_and_the_alias_moves_only_to_a_better_one(client, make_candidate):
     first = register(client, "exp", make_candidate(0.60, search="s1"))
     assert (first.version, first.alias_moved, first.previous) == ("1", True, None)

@@ -82,6 +82,7 @@ def test_superseded_checkpoints_wait_for_two_snapshots_after_the_trials_end(tmp_
     assert kept.waiting == []
 
 
+@pytest.mark.slow
 def test_a_search_that_ends_deletes_what_waited(tmp_path, local_ray):
     """A real Tune run: Tune writes snapshots through the callback's ``get_state`` and ends
     the experiment; each trial keeps its latest checkpoint only."""

@@ -146,6 +146,7 @@ def test_a_later_search_of_the_study_trains_its_configurations_again(url):
     assert all(ANSWERED_FROM_ATTR not in t.user_attrs for t in trials(url))
 
 
+@pytest.mark.slow
 def test_a_sampler_stuck_on_known_configurations_explores_then_ends(url):
     search = make_search(url)
     propose(search, 1, 1, 1, 1)

@@ -26,6 +26,7 @@ def test_the_shipped_file_is_one_of_the_settings():
     assert replay_study.shipped_setting() == "tpe-asha-loss-repeat3x1"
 
 
+@pytest.mark.slow
 def test_a_row_holds_the_simulations_figures(dept_table_file):
     table = CurveTable.load(dept_table_file)
     row = replay_study.study_row("tpe-asha-loss", dept_table_file, table, 3, 0)
@@ -62,6 +63,7 @@ def test_an_interrupted_study_skips_what_it_wrote(dept_table_file, tmp_path, mon
     assert "tpe-asha-loss (stored" in printed
 
 
+@pytest.mark.slow
 def test_rows_pair_by_replay_with_the_baseline(dept_table_file):
     """Replays of two settings see the same draws: the paired cell of a setting against
     itself is zero, and a row records each replay's held-out seed in rotation."""

@@ -302,6 +302,7 @@ def read_csv(path: Path) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_dept_search_report_writes_every_figure(store, tmp_path):
     out = tmp_path / "rep"
     args = ["synth", "--tracking-uri", store["uri"], "--run", store["a"], "--out", str(out)]
@@ -486,6 +487,7 @@ def test_missing_store_and_foreign_run_are_user_errors(store, tmp_path):
     assert result.exit_code == 2 and "not found in the MLflow store" in result.stderr
 
 
+@pytest.mark.slow
 def test_titles_fit_their_figures(store, long_names, tmp_path):
     """No title is cut off: in the PNG nothing drawn reaches past the figure's edges (the
     importances title used to lose its closing "trials)"), and each line of an HTML title

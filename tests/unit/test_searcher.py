@@ -239,6 +239,7 @@ def test_an_end_the_storage_drops_silently_is_found_in_the_study(tmp_path):
     assert unrecorded_ends(open_storage(url), "study", "parent123", {"a"}) == {0: "a"}
 
 
+@pytest.mark.slow
 def test_multi_objective_values_and_constraints(tmp_path):
     constraints = Constraints({"trainable_params": Bound(max=100)})
     search, url = make_search(tmp_path, [ACC, SPEED], constraints)
@@ -507,6 +508,7 @@ def run_trials(search, first: int, count: int, results: int) -> None:
         search.on_trial_complete(trial_id, result(10 * results, 0.1 * results, 10 * results))
 
 
+@pytest.mark.slow
 def test_the_study_is_read_once_per_trial_not_per_result(tmp_path):
     """What a trial costs the study grows neither with its evaluations nor with the trials run
     before it (issue 41): the trial's stored state is read at its first event only, so an

@@ -54,6 +54,7 @@ def test_a_file_of_another_user_is_refused(tmp_path):
         load_secrets_file({SECRETS_FILE_ENV: str(path)})
 
 
+@pytest.mark.slow
 def test_the_cli_refuses_it_in_one_line_before_any_command(tmp_path):
     path = secrets(tmp_path, 0o640)
     proc = run_cli(["schema"], cwd=tmp_path, env={SECRETS_FILE_ENV: str(path)})

@@ -428,6 +428,7 @@ def test_ui_host_defaults_to_loopback():
     assert host.default == "127.0.0.1"
 
 
+@pytest.mark.slow
 def test_ui_server_listens_on_loopback_only(tmp_path):
     """The real ``raypeft ui``: every socket its MLflow server (and workers) listen on; and
     the store's URI (a database's password) on none of their command lines."""
@@ -527,6 +528,7 @@ _RAY_PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_local_ray_listens_on_loopback_only(tmp_path):
     """``init_ray(None)`` (what ``raypeft tune`` without --address starts): a one-machine Ray
     whose every server (GCS, raylet, object manager, workers, agents, metrics) is on loopback."""

@@ -323,6 +323,7 @@ def test_spread_and_anytime_helpers():
     assert regret_at(curve_points, 0.2) == 5.0 and regret_at(curve_points, 1.0) == 1.0
 
 
+@pytest.mark.slow
 def test_simulate_end_to_end_writes_summary_figures_and_an_mlflow_run(table, tmp_path):
     table.save(tmp_path / "table.json")
     (tmp_path / "search.yaml").write_text(

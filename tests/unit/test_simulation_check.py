@@ -75,6 +75,7 @@ def test_a_real_runs_regret_is_also_placed_among_the_heldout_seed_regrets(dept_t
     assert out.count(f"{unseen[-1] + 5.0:.2f} (p100, OUT)") == 2
 
 
+@pytest.mark.slow
 def test_the_pace_is_the_real_clock_over_the_tables_at_the_same_configuration_and_step(
     dept_table_file, tmp_path
 ):

@@ -128,6 +128,7 @@ def _dead_url() -> str:
     return f"http://user:secret@127.0.0.1:{port}"
 
 
+@pytest.mark.slow
 def test_a_lost_server_is_one_tracking_lost_within_seconds_and_stays_lost():
     url = _dead_url()
     client = TrackingClient(MlflowClient(tracking_uri=url), url)
@@ -221,6 +222,7 @@ MISSING_DRIVER_LINE = (
 )
 
 
+@pytest.mark.slow
 def test_ui_without_the_driver_is_one_line_not_a_traceback(tmp_path):
     """The reported bug: `raypeft ui --tracking-uri postgresql://...` without psycopg printed a
     71-line traceback. The real CLI, with psycopg hidden by an import hook on its PYTHONPATH."""
@@ -256,6 +258,7 @@ sys.meta_path.insert(0, HidePsycopg())
 """
 
 
+@pytest.mark.slow
 def test_an_experiment_keeps_its_artifact_location_and_a_different_one_is_refused(tmp_path):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     wanted = str(tmp_path / "artefacts")

@@ -105,6 +105,7 @@ def test_the_smoke_run_stores_each_replay_once_and_resumes(tmp_path):
     assert len(out.read_text().splitlines()) == 2  # nothing replayed twice
 
 
+@pytest.mark.slow
 def test_raypefts_simulator_agrees_with_syne_tunes_on_random_search_and_asha(tmp_path):
     """30 replays of each setting on README's table (tweet_sentiment, which no default was
     chosen on): the mean held-out regret of raypeft's replay and of syne-tune's differ by less

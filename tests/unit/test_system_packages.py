@@ -59,6 +59,7 @@ def _pytest(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProce
     )
 
 
+@pytest.mark.slow
 def test_one_line_names_every_test_skipped_for_a_package_under_xdist(tmp_path):
     proc = _pytest(tmp_path, "-n", "2", "-rs")
     assert proc.returncode == 0, proc.stdout + proc.stderr

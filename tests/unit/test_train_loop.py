@@ -391,6 +391,7 @@ def test_resumed_trial_continues_exactly_where_it_stopped(tmp_path, task):
     "fault",
     ["resume state truncated", "best tensors deleted", "digests missing (save cut off)"],
 )
+@pytest.mark.slow
 def test_a_trial_restarted_from_an_unusable_checkpoint_starts_over_and_says_why(
     tmp_path, task, fault
 ):

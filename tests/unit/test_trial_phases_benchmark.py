@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks.trial_phases import DRIVER_PHASES, GAP, SUMMARY_ROWS, TRIAL_PHASES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,6 +29,7 @@ def _rows(stdout: str) -> list[list[str]]:
     return rows
 
 
+@pytest.mark.slow
 def test_every_phase_of_the_first_and_a_later_trial_is_printed(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(

@@ -214,6 +214,7 @@ IN_PROCESS = [c for c in CASES if c.in_process]
 
 
 @pytest.mark.parametrize("case", IN_PROCESS, ids=ids(IN_PROCESS))
+@pytest.mark.slow
 def test_bad_input_in_a_real_process(case, tmp_path):
     run_in_process(case, tmp_path)
 

@@ -133,10 +133,12 @@ def test_an_object_store_that_refuses_connections_is_one_line(closed_endpoint, r
     assert closed_endpoint.rsplit(":", 1)[1] in line  # the port it tried
 
 
+@pytest.mark.slow
 def test_an_object_store_that_refuses_in_a_real_process(closed_endpoint, tmp_path):
     run_in_process(S3_REFUSES, tmp_path)
 
 
+@pytest.mark.slow
 def test_an_object_store_that_answers_passes_and_a_missing_bucket_is_one_line(
     tmp_path, monkeypatch
 ):
