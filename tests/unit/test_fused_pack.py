@@ -5,9 +5,9 @@ batch sizes, prompt lengths and ranks, so the stacks are padded) on the same bat
 through :func:`raypeft.training.pack_step.packed_step` and once fused, end with the same
 tensors and AdamW state; on the heads raypeft meets (BERT's linear classifier, its mean
 pooling, RoBERTa's two-layer head). Through :class:`raypeft.training.pack.Pack`, the tests in
-test_pack.py and the pack contract run fused wherever a pack can be (PT and DePT on encoders);
-here a pack's own fusing: members held back, padding that stays zero, and a method without a
-fused form stepping member by member.
+test_pack.py and the pack contract run fused wherever a pack can be (on encoders); here a
+pack's own fusing: members held back, padding that stays zero, and members that cannot fuse
+stepping member by member.
 """
 
 from __future__ import annotations
@@ -50,6 +50,15 @@ DEEP = list(zip([
     {"name": "prefix", "style": "hidden", "prompt_length": 5, "lr": 0.1},
     {"name": "prefix", "style": "hidden", "prompt_length": 3, "lr": 0.05, "init": "normal"},
 ], TRAINS, strict=True))  # fmt: skip
+# deep prompts (key/value style): every row's prefix in one cache; prefixes of different
+# lengths get each row's encoder positions as alone (KV_EQUAL: one length, none needed)
+KV = list(zip([
+    {"name": "prefix", "style": "kv", "prompt_length": 2, "lr": 0.3},
+    {"name": "prefix", "style": "kv", "prompt_length": 5, "lr": 0.1},
+    {"name": "prefix", "style": "kv", "prompt_length": 3, "lr": 0.05, "init_seed": 4},
+], TRAINS, strict=True))  # fmt: skip
+KV_EQUAL = [({**method, "prompt_length": 3}, train) for method, train in KV]
+FUSED = {"dept": MEMBERS, "deep prompts": DEEP, "kv prefixes": KV, "kv of one length": KV_EQUAL}
 
 
 def _backbone(model_type: str, **extra) -> Backbone:
@@ -132,13 +141,16 @@ def _state(learners: list[Learner]) -> list[dict[str, torch.Tensor]]:
         ("roberta", "first", "dept"),
         ("bert", "first", "deep prompts"),
         ("roberta", "mean", "deep prompts"),
+        ("bert", "first", "kv prefixes"),
+        ("roberta", "mean", "kv prefixes"),
+        ("bert", "mean", "kv of one length"),
     ],
 )
 def test_a_fused_step_is_the_member_by_member_step(model_type, head_pooling, members):
-    """Eight steps of three padded members (DePT; deep prompts), fused and member by member,
-    from the same start on the same batches: the same losses, tensors, moments and learning
-    rates."""
-    members = {"dept": MEMBERS, "deep prompts": DEEP}[members]
+    """Eight steps of three padded members (DePT; deep prompts, hidden and key/value), fused
+    and member by member, from the same start on the same batches: the same losses, tensors,
+    moments and learning rates."""
+    members = FUSED[members]
     extra = {"pad_token_id": 1} if model_type == "roberta" else {}
     base = _backbone(model_type, **extra)
     pack = PackedBackbone(shared_copy(base.model), "encoder", "fp32", 0.0, head_pooling)
@@ -225,18 +237,16 @@ def test_a_member_held_back_keeps_its_state_while_the_others_step(task):  # noqa
         assert_same(alone(cfg, task), reports[key])
 
 
-def test_a_method_without_a_fused_form_steps_member_by_member(task):  # noqa: F811
-    """Key/value prefixes have no fused form: the pack says why and steps its members one by
-    one, as before (the pack contract holds them to their trials alone)."""
-    method = {"name": "prefix", "style": "kv", "prompt_length": 2, "lr": 0.01}
-    cfg = ExperimentConfig.model_validate(
-        {**experiment().model_dump(mode="json"), "method": method}
-    )
+def test_members_of_different_methods_step_member_by_member(task):  # noqa: F811
+    """A pack whose members' methods differ has no fused form: it says why and steps its
+    members one by one, as before (the pack contract holds them to their trials alone)."""
+    dept = {"name": "dept", "prompt_length": 2, "rank": 2, "lr_prompt": 0.05, "lr_lowrank": 0.01}
+    cfg = ExperimentConfig.model_validate({**experiment().model_dump(mode="json"), "method": dept})
     pack = Pack(task, capacity=2)
-    pack.add(MemberSpec("a", cfg))
+    pack.add(MemberSpec("a", experiment()))
     pack.add(MemberSpec("b", cfg))
     pack.step()
-    assert pack.not_fused == "method 'prefix' has no fused form for this config"
+    assert pack.not_fused == "its members use different methods"
 
 
 def test_fusing_can_be_turned_off(task):  # noqa: F811
