@@ -58,7 +58,32 @@ KV = list(zip([
     {"name": "prefix", "style": "kv", "prompt_length": 3, "lr": 0.05, "init_seed": 4},
 ], TRAINS, strict=True))  # fmt: skip
 KV_EQUAL = [({**method, "prompt_length": 3}, train) for method, train in KV]
-FUSED = {"dept": MEMBERS, "deep prompts": DEEP, "kv prefixes": KV, "kv of one length": KV_EQUAL}
+# IDPG: dense generators of different widths and prompt lengths (M-IDPG, reading the previous
+# layer; S-IDPG with A.5's residual and norms), and PHM generators of one shape (version L)
+IDPG = {"name": "idpg", "generator": "dnn", "layers": "multi", "version": "M"}
+IDPG_DENSE = list(zip([
+    {**IDPG, "prompt_length": 2, "generator_hidden": 4, "lr": 0.05},
+    {**IDPG, "prompt_length": 4, "generator_hidden": 8, "lr": 0.02},
+    {**IDPG, "prompt_length": 3, "generator_hidden": 2, "lr": 0.1, "init_seed": 3},
+], TRAINS, strict=True))  # fmt: skip
+IDPG_NORMS = [
+    ({**method, "layers": "single", "residual": True, "layer_norm": True}, train)
+    for method, train in IDPG_DENSE
+]
+PHM = {"name": "idpg", "generator": "phm", "phm_n": 4, "prompt_length": 3, "generator_hidden": 8,
+       "layers": "multi", "version": "L", "generator_input": "sentence"}  # fmt: skip
+IDPG_PHM = list(zip([
+    {**PHM, "lr": 0.05}, {**PHM, "lr": 0.02, "init_seed": 1}, {**PHM, "lr": 0.1, "init_seed": 2},
+], TRAINS, strict=True))  # fmt: skip
+FUSED = {
+    "dept": MEMBERS,
+    "deep prompts": DEEP,
+    "kv prefixes": KV,
+    "kv of one length": KV_EQUAL,
+    "idpg": IDPG_DENSE,
+    "idpg norms": IDPG_NORMS,
+    "idpg phm": IDPG_PHM,
+}
 
 
 def _backbone(model_type: str, **extra) -> Backbone:
@@ -104,18 +129,20 @@ def _batches(step: int, members=MEMBERS) -> list[dict]:
     lengths, the same for both ways of stepping."""
     gen = torch.Generator().manual_seed(step)
     batches = []
-    for _, train in members:
+    for method, train in members:
         b = train["batch_size"]
         real = torch.randint(4, S + 1, (b,), generator=gen)
         mask = (torch.arange(S)[None, :] < real[:, None]).long()
-        batches.append(
-            {
-                "input_ids": torch.randint(5, 500, (b, S), generator=gen) * mask,
-                "attention_mask": mask,
-                "token_type_ids": torch.zeros(b, S, dtype=torch.long),
-                "labels": torch.randint(0, 3, (b,), generator=gen),
-            }
-        )
+        batch = {
+            "input_ids": torch.randint(5, 500, (b, S), generator=gen) * mask,
+            "attention_mask": mask,
+            "token_type_ids": torch.zeros(b, S, dtype=torch.long),
+            "labels": torch.randint(0, 3, (b,), generator=gen),
+        }
+        if method["name"] == "idpg":  # its M(x), computed once per example in a search
+            width = TINY["hidden_size"]
+            batch["features"] = {"sentence": torch.randn(b, width, generator=gen)}
+        batches.append(batch)
     return batches
 
 
@@ -144,12 +171,16 @@ def _state(learners: list[Learner]) -> list[dict[str, torch.Tensor]]:
         ("bert", "first", "kv prefixes"),
         ("roberta", "mean", "kv prefixes"),
         ("bert", "mean", "kv of one length"),
+        ("bert", "first", "idpg"),
+        ("roberta", "mean", "idpg"),
+        ("bert", "first", "idpg norms"),
+        ("bert", "mean", "idpg phm"),
     ],
 )
 def test_a_fused_step_is_the_member_by_member_step(model_type, head_pooling, members):
-    """Eight steps of three padded members (DePT; deep prompts, hidden and key/value), fused
-    and member by member, from the same start on the same batches: the same losses, tensors,
-    moments and learning rates."""
+    """Eight steps of three padded members (DePT; deep prompts, hidden and key/value; IDPG's
+    generators), fused and member by member, from the same start on the same batches: the
+    same losses, tensors, moments and learning rates."""
     members = FUSED[members]
     extra = {"pad_token_id": 1} if model_type == "roberta" else {}
     base = _backbone(model_type, **extra)
