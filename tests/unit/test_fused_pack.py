@@ -12,11 +12,14 @@ stepping member by member.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from raypeft.config.schema import ExperimentConfig
+from raypeft.methods.ipt.method import IPT, IPTConfig
 from raypeft.modeling.backbones import HEAD_MODULE_NAMES, Backbone, backbone_dims
 from raypeft.modeling.packed import PackedBackbone, shared_copy
 from raypeft.modeling.prompted import PromptedModel
@@ -75,6 +78,14 @@ PHM = {"name": "idpg", "generator": "phm", "phm_n": 4, "prompt_length": 3, "gene
 IDPG_PHM = list(zip([
     {**PHM, "lr": 0.05}, {**PHM, "lr": 0.02, "init_seed": 1}, {**PHM, "lr": 0.1, "init_seed": 2},
 ], TRAINS, strict=True))  # fmt: skip
+# IPT's table strategy: prompt lengths longer than some rows' real tokens (masked), the deep
+# placement's per-layer affine maps
+IPT_TABLE = list(zip([
+    {"name": "ipt", "prompt_length": 3, "lr": 0.05},
+    {"name": "ipt", "prompt_length": 8, "lr": 0.02, "init_seed": 1},
+    {"name": "ipt", "prompt_length": 5, "lr": 0.1, "init_seed": 2},
+], TRAINS, strict=True))  # fmt: skip
+IPT_DEEP = [({**method, "placement": "deep"}, train) for method, train in IPT_TABLE]
 FUSED = {
     "dept": MEMBERS,
     "deep prompts": DEEP,
@@ -83,6 +94,8 @@ FUSED = {
     "idpg": IDPG_DENSE,
     "idpg norms": IDPG_NORMS,
     "idpg phm": IDPG_PHM,
+    "ipt": IPT_TABLE,
+    "ipt deep": IPT_DEEP,
 }
 
 
@@ -175,12 +188,14 @@ def _state(learners: list[Learner]) -> list[dict[str, torch.Tensor]]:
         ("roberta", "mean", "idpg"),
         ("bert", "first", "idpg norms"),
         ("bert", "mean", "idpg phm"),
+        ("bert", "first", "ipt"),
+        ("roberta", "mean", "ipt deep"),
     ],
 )
 def test_a_fused_step_is_the_member_by_member_step(model_type, head_pooling, members):
     """Eight steps of three padded members (DePT; deep prompts, hidden and key/value; IDPG's
-    generators), fused and member by member, from the same start on the same batches: the
-    same losses, tensors, moments and learning rates."""
+    generators; IPT's tables), fused and member by member, from the same start on the same
+    batches: the same losses, tensors, moments and learning rates."""
     members = FUSED[members]
     extra = {"pad_token_id": 1} if model_type == "roberta" else {}
     base = _backbone(model_type, **extra)
@@ -266,6 +281,23 @@ def test_a_member_held_back_keeps_its_state_while_the_others_step(task):  # noqa
             reports.setdefault(key, []).append(metrics)
     for key, cfg in cfgs.items():
         assert_same(alone(cfg, task), reports[key])
+
+
+def test_members_a_stack_cannot_hold_are_refused():
+    """IDPG members whose generators differ in structure, or PHM ones in shape, and IPT's
+    encoder strategy have no fused form: the pack says why (and steps them one by one)."""
+    base = _backbone("bert")
+    pack = PackedBackbone(shared_copy(base.model), "encoder", "fp32", 0.0, "first")
+    wider = [IDPG_PHM[0], ({**PHM, "generator_hidden": 12, "phm_n": 4}, TRAINS[1])]
+    why = fusing_refusal(pack, _learners(base, wider, "first"))
+    assert why == "its IDPG members' generators differ in generator_hidden"
+    versions = [IDPG_DENSE[0], ({**IDPG_DENSE[1][0], "version": "S"}, TRAINS[1])]
+    why = fusing_refusal(pack, _learners(base, versions, "first"))
+    assert why == "its IDPG members' generators differ in version"
+    encoder = SimpleNamespace(config=IPTConfig(strategy="encoder", encoder="lstm"))
+    assert IPT.fusing_limitation([encoder]) == (
+        "IPT's encoder strategy has no fused form (its encoders run member by member)"
+    )
 
 
 def test_members_of_different_methods_step_member_by_member(task):  # noqa: F811
