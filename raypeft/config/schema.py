@@ -382,7 +382,7 @@ class ResourcesConfig(StrictModel):
 
     compile_packs: bool = Field(
         False,
-        description="packs whose members step fused (PT, DePT on an encoder): compile the "
+        description="packs whose members step fused (on an encoder; docs/packing.md): compile the "
         "pack's forward pass and losses with torch.compile, its shapes static while its "
         "membership holds (every slot a full batch, prompts padded to a multiple of 16). "
         "Exact as the eager pack; it pays a compilation per membership change and is off "

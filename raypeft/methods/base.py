@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from raypeft.config.method_configs import MethodConfigBase, config_name, register_method_config
+from raypeft.methods.fusing import FusedBatch, FusedInputs
 
 # The key under which a method's inputs hold its key/value prefix (a DynamicCache). The model
 # hands it to the backbone under the argument name the installed transformers declares
@@ -319,16 +320,31 @@ class PromptMethod(nn.Module):
 
     # A fused pack (raypeft.modeling.fused) computes several members' inputs in one go from
     # their tensors stacked along a leading slot axis, zero-padded to the largest member's
-    # shape. A method that can be computed that way sets both hooks (see PromptTuning);
-    # None: its members pack, but through their own modules one by one.
+    # shape (raypeft.methods.fusing). A method that can be computed that way sets
+    # ``fused_constants`` (its members' non-trainable per-slot values, by name, as ``(K, ...)``
+    # tensors) and ``fused_parts`` (its batched ``prepare_inputs``), see PromptTuning; None:
+    # its members pack, but through their own modules one by one.
     fused_constants: ClassVar[Callable[[Sequence[PromptMethod | None]], dict] | None] = None
-    fused_parts: ClassVar[FusedParts | None] = None
-    # A method with layer prompts fuses when it also gives every slot's prompt of a layer
-    # from its stacks: ``(stacks, layer) -> (K, t, d)`` (slots' prompts zero-padded to the
-    # longest), or None to leave the layer alone
+    fused_parts: ClassVar[Callable[[FusedBatch], FusedInputs] | None] = None
+    # A method with layer prompts fuses when it also gives every row's prompt at the input
+    # of a layer: ``(batch, layer, hidden) -> (rows, t, d)`` (its slot's, zero-padded to the
+    # longest; ``hidden``: the layer's input), or None to leave the layer alone
     fused_layer_prompts: ClassVar[
-        Callable[[dict[str, torch.Tensor], int], torch.Tensor | None] | None
+        Callable[[FusedBatch, int, torch.Tensor], torch.Tensor | None] | None
     ] = None
+    # A method with key/value prefixes fuses when it also gives every layer's prefix of
+    # every row: ``[(keys, values)]`` per layer, each ``(rows, heads, P, head_dim)`` (its
+    # slot's, zero-padded after it to the longest, ``P``)
+    fused_prefix: ClassVar[
+        Callable[[FusedBatch], list[tuple[torch.Tensor, torch.Tensor]]] | None
+    ] = None
+
+    @staticmethod
+    def fusing_limitation(members: Sequence[PromptMethod]) -> str | None:
+        """Why these members of the method cannot step fused (one line; None: they can),
+        beyond what every fused pack checks (the same trainable tensors' names and ranks):
+        e.g. a variant without a fused form, or members whose structures differ."""
+        return None
 
     def peft_adapter(self) -> PeftAdapter:
         """The trained tensors in peft's layout, for configs whose
@@ -359,24 +375,6 @@ def build_method(
     """Instantiate the registered method for a resolved config (``tokenizer``: the
     backbone's, which vocabulary and text initialisations read)."""
     return METHODS[config.name](config, dims, word_embeddings, tokenizer)
-
-
-class FusedParts(Protocol):
-    """A fused method's batched ``prepare_inputs`` (see :attr:`PromptMethod.fused_parts`):
-    from its tensors stacked by slot (``stacks``, by parameter name, ``(K, ...)``), the
-    constants :attr:`PromptMethod.fused_constants` made of its members (by name, ``(K, ...)``
-    tensors), each row's slot ``slot`` ``(rows,)`` and the fused batch's ``input_ids``: the
-    prompt each row prepends ``(rows, M, d)`` (its slot's, zero-padded to the longest) and
-    the rows' input embeddings ``(rows, L, d)``."""
-
-    def __call__(
-        self,
-        stacks: dict[str, torch.Tensor],
-        constants: dict[str, torch.Tensor],
-        slot: torch.Tensor,
-        input_ids: torch.Tensor,
-        embed: nn.Embedding,
-    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 def prepend_prompt(

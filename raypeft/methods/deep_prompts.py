@@ -32,6 +32,7 @@ from raypeft.methods.base import (
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.fusing import FusedBatch, FusedInputs
 from raypeft.methods.prompt_init import init_prompt
 
 
@@ -188,16 +189,30 @@ class DeepPrompt(PromptMethod):
         return {}
 
     @staticmethod
-    def fused_parts(stacks, constants, slot, input_ids, embed):
-        """Hidden style: each row's layer-0 prompt (its slot's) and its input's embeddings
-        (the key/value style does not fuse: :func:`raypeft.modeling.fused.fused_refusal`)."""
-        inputs_embeds = embed(input_ids)
-        return stacks["prompts"][:, 0].to(inputs_embeds.dtype)[slot], inputs_embeds
+    def fused_parts(batch: FusedBatch) -> FusedInputs:
+        """Each row's layer-0 prompt (its slot's; the key/value style prepends none) and its
+        input's embeddings."""
+        inputs_embeds = batch.embed(batch.input_ids)
+        if batch.first.style == "kv":
+            rows, d = inputs_embeds.shape[0], inputs_embeds.shape[2]
+            return FusedInputs(inputs_embeds.new_zeros(rows, 0, d), inputs_embeds)
+        prompts = batch.stacks["prompts"][:, 0].to(inputs_embeds.dtype)[batch.slot]
+        return FusedInputs(prompts, inputs_embeds)
 
     @staticmethod
-    def fused_layer_prompts(stacks, layer):
-        """Every slot's prompt at the input of ``layer``, ``(K, t, d)``."""
-        return stacks["prompts"][:, layer]
+    def fused_layer_prompts(batch: FusedBatch, layer: int, hidden: torch.Tensor):
+        """Hidden style: each row's prompt at the input of ``layer`` (its slot's)."""
+        if batch.first.style == "kv":
+            return None  # the key/value prefixes are in every layer's cache
+        return batch.stacks["prompts"][:, layer].to(hidden.dtype)[batch.slot]
+
+    @staticmethod
+    def fused_prefix(batch: FusedBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Key/value style: every layer's keys and values of each row (its slot's prefix,
+        zero-padded after it to the longest), gathered from the stack at once."""
+        dtype = batch.embed.weight.dtype
+        per_row = batch.stacks["prompts"].to(dtype)[batch.slot]  # (rows, N, 2, heads, P, hd)
+        return [(layer[:, 0], layer[:, 1]) for layer in per_row.unbind(1)]
 
     def layer_prompt(self, layer: int, hidden_states: torch.Tensor) -> torch.Tensor | None:
         if self.style != "hidden":

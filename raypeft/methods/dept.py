@@ -36,6 +36,7 @@ from raypeft.methods.base import (
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.fusing import FusedBatch, FusedInputs
 from raypeft.methods.prompt_init import InitText, PromptInit, init_prompt
 from raypeft.methods.sizing import soft_prompt_params
 
@@ -277,20 +278,21 @@ class DePT(PromptMethod):
         return {"scaling": torch.tensor(scaling).reshape(-1, 1, 1)}
 
     @staticmethod
-    def fused_parts(stacks, constants, slot, input_ids, embed):
+    def fused_parts(batch: FusedBatch) -> FusedInputs:
         """Each row's prompt and its input's word embeddings plus its slot's low-rank update:
         the ``(K, s, d)`` updates of every slot in one batched product (a rank zero-padded to
         the largest adds exact zeros)."""
-        inputs_embeds = embed(input_ids)
+        stacks, input_ids = batch.stacks, batch.input_ids
+        inputs_embeds = batch.embed(input_ids)
         if input_ids.shape[1] != stacks["lora_a"].shape[1]:
             raise ValueError(
                 f"DePT needs inputs padded to exactly s={stacks['lora_a'].shape[1]} tokens, "
                 f"got {input_ids.shape[1]}"
             )
         lowrank = torch.bmm(stacks["lora_a"], stacks["lora_b"])
-        offsets = (constants["scaling"] * lowrank).to(inputs_embeds.dtype)
+        offsets = (batch.constants["scaling"] * lowrank).to(inputs_embeds.dtype)
         prompts = stacks["prompt"].to(inputs_embeds.dtype)
-        return prompts[slot], inputs_embeds + offsets[slot]
+        return FusedInputs(prompts[batch.slot], inputs_embeds + offsets[batch.slot])
 
     def offset(self) -> torch.Tensor:
         """The ``(s, d)`` update of the input word embeddings, one row per position."""

@@ -17,6 +17,7 @@ from raypeft.methods.base import (
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.fusing import FusedBatch, FusedInputs
 from raypeft.methods.prompt_init import InitText, PromptInit, init_prompt
 from raypeft.methods.sizing import soft_prompt_params
 
@@ -120,10 +121,11 @@ class PromptTuning(PromptMethod):
         return {}
 
     @staticmethod
-    def fused_parts(stacks, constants, slot, input_ids, embed):
+    def fused_parts(batch: FusedBatch) -> FusedInputs:
         """Each row's soft prompt (its slot's) and its input's word embeddings."""
-        inputs_embeds = embed(input_ids)
-        return stacks["prompt"].to(inputs_embeds.dtype)[slot], inputs_embeds
+        inputs_embeds = batch.embed(batch.input_ids)
+        prompts = batch.stacks["prompt"].to(inputs_embeds.dtype)[batch.slot]
+        return FusedInputs(prompts, inputs_embeds)
 
     def peft_adapter(self) -> PeftAdapter:
         """peft's ``PROMPT_TUNING`` is this method exactly: the prompt prepended to the word

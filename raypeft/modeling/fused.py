@@ -15,33 +15,38 @@ zero-padded to the largest: DePT's ranks, prompt lengths) and computes all membe
 - the per-member loss: each row's loss, averaged per slot by one scatter-add.
 
 So a step dispatches the same operators whatever K is. Zero padding is exact: a padded rank
-adds zero products, a padded prompt row sits at a masked position, and their gradients are
-exactly zero, so AdamW keeps them zero. Fusing covers encoders and methods whose inputs are
-a prepended prompt (with DePT's update of the input embeddings), and deep prompts' layer
-prompts (each row's own prompt positions replaced at every layer by one ``torch.where``);
-other packs step member by member (:func:`fused_refusal` says why).
+or generator width adds zero products, a padded prompt row or key/value prefix slot sits at a
+masked position, and their gradients are exactly zero, so AdamW keeps them zero. Fusing covers
+encoders and methods whose inputs are a prepended prompt (PT; DePT's update of the input
+embeddings; IDPG's generated prompts; IPT's table rows), prompts at every layer (deep prompts,
+M-IDPG, IPT's deep placement: each row's own prompt positions replaced at every layer by one
+``torch.where``) and key/value prefixes (deep prompts' ``kv`` style: one cache of every row's
+prefix); other packs step member by member (:func:`fused_refusal` says why).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import DynamicCache
 
-from raypeft.methods.base import PromptMethod
+from raypeft.methods.base import PREFIX_CACHE, PromptMethod
+from raypeft.methods.fusing import FusedBatch
 from raypeft.modeling.backbones import backbone_arguments
 from raypeft.modeling.head_pooling import input_mean, pooled_logits
 from raypeft.modeling.packed import PackedBackbone, PackShape
 from raypeft.modeling.precision import autocast
 from raypeft.modeling.prompted import PromptedModel
 
-# The batch keys a fused pass reads (features and targets belong to methods that do not fuse)
-FUSED_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels")
+# The batch keys a fused pass reads ("features": a dict of per-example tensors, IDPG's M(x);
+# seq2seq targets belong to backbones that do not fuse)
+FUSED_KEYS = ("input_ids", "attention_mask", "token_type_ids", "labels", "features")
 
 
 def fused_refusal(backbone: PackedBackbone, models: Sequence[PromptedModel]) -> str | None:
@@ -51,13 +56,17 @@ def fused_refusal(backbone: PackedBackbone, models: Sequence[PromptedModel]) -> 
     methods = {type(m.method) for m in models}
     if len(methods) > 1:
         return "its members use different methods"
-    method = methods.pop()
-    layered = method.uses_layer_prompts and method.fused_layer_prompts is None
-    if method.fused_parts is None or layered:
-        return f"method {models[0].method.config.name!r} has no fused form"
-    for model in models:
-        if model.method.config.prefix_length() or model.method.config.feature_specs():
-            return f"method {model.method.config.name!r} has no fused form for this config"
+    method, called = models[0].method, models[0].method.config.name
+    if method.fused_parts is None:
+        return f"method {called!r} has no fused form"
+    if method.uses_layer_prompts and method.fused_layer_prompts is None:
+        return f"method {called!r} has no fused form of its layer prompts"
+    prefixed = any(m.method.config.prefix_length() for m in models)
+    if prefixed and method.fused_prefix is None:
+        return f"method {called!r} has no fused form of its key/value prefixes"
+    why = method.fusing_limitation([m.method for m in models])
+    if why is not None:
+        return why
     for path in backbone.head_paths:
         module = models[0].backbone.get_submodule(path)
         for name, sub in module.named_modules():
@@ -75,18 +84,20 @@ def trainable_tensors(model: PromptedModel) -> dict[str, nn.Parameter]:
     return named
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class SlotRows:
     """Where a fused batch's rows come from: ``slot`` ``(rows,)`` each row's slot; ``padded``
     ``(rows,)`` its row in the slot-major layout heads compute in (``slot · per_slot`` plus
     its place among its slot's rows); ``inverse_counts`` ``(K,)`` one over each slot's rows
-    (1 for a slot without rows)."""
+    (1 for a slot without rows); ``stepping`` the slots whose batches these are, in order
+    (where their losses are among the ``(K,)``)."""
 
     slot: torch.Tensor
     padded: torch.Tensor
     inverse_counts: torch.Tensor
     per_slot: int
     capacity: int
+    stepping: torch.Tensor
     # static rows (a compiled pack): every slot has ``per_slot`` rows, those of a slot that
     # does not step (or beyond its batch) are blanks of weight 0; ``real`` says where the
     # stepping members' rows go among them
@@ -95,7 +106,8 @@ class SlotRows:
 
     @classmethod
     def of(cls, counts: dict[int, int], capacity: int, device: torch.device) -> SlotRows:
-        """The layout of batches of ``counts[slot]`` rows each, concatenated in slot order."""
+        """The layout of batches of ``counts[slot]`` rows each, concatenated in slot order
+        (``counts`` in the order the slots step)."""
         per_slot = max(counts.values())
         slots, padded = [], []
         for slot, n in sorted(counts.items()):
@@ -108,6 +120,7 @@ class SlotRows:
             torch.tensor(inverse, device=device),
             per_slot,
             capacity,
+            torch.tensor(list(counts), device=device),
         )
 
     @classmethod
@@ -128,53 +141,86 @@ class SlotRows:
             torch.tensor(inverse, device=device),
             per_slot,
             capacity,
+            torch.tensor(list(counts), device=device),
             weights.to(device),
             torch.tensor(real, device=device),
         )
 
-    def spread(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def spread(self, batch: dict) -> dict:
         """Static rows: the stepping members' rows placed among blanks (zeros) in every
-        slot's rows; otherwise ``batch`` as it is."""
+        slot's rows (``features``, a dict of tensors, alike); otherwise ``batch`` as it is."""
         if self.real is None:
             return batch
         rows = self.capacity * self.per_slot
+
+        def blanks(v: torch.Tensor) -> torch.Tensor:
+            return v.new_zeros((rows, *v.shape[1:])).index_copy(0, self.real, v)
+
         return {
-            k: v.new_zeros((rows, *v.shape[1:])).index_copy(0, self.real, v)
+            k: {n: blanks(f) for n, f in v.items()} if isinstance(v, dict) else blanks(v)
             for k, v in batch.items()
         }
 
+    def by_slot(self, x: torch.Tensor) -> torch.Tensor:
+        """``(rows, ...)`` as ``(K, per_slot, ...)``: each slot's rows in its own block,
+        zeros where it has fewer (:class:`~raypeft.methods.fusing.SlotLayout`)."""
+        flat = x.reshape(x.shape[0], -1)
+        blocks = flat.new_zeros(self.capacity * self.per_slot, flat.shape[1])
+        blocks = blocks.index_copy(0, self.padded, flat)
+        return blocks.view(self.capacity, self.per_slot, *x.shape[1:])
 
-@dataclass(frozen=True)
+    def by_row(self, y: torch.Tensor) -> torch.Tensor:
+        """``(K, per_slot, ...)`` back to the rows, ``(rows, ...)``."""
+        return y.reshape(self.capacity * self.per_slot, *y.shape[2:]).index_select(0, self.padded)
+
+
+@dataclasses.dataclass(frozen=True)
 class FusedLayout:
     """A pack's layout of its members' sequences (:class:`PackedBackbone`'s, for encoders):
     a row is its slot's prompt, its input (``length`` tokens), then zeros up to the longest
     prompt, masked. ``order`` ``(K, M + length)`` takes a row's positions from
     ``[prompt padded to M, input]``; ``prompt_mask`` ``(K, M)`` marks each slot's prompt;
-    ``inputs`` ``(K, length)`` where each slot's input lands."""
+    ``inputs`` ``(K, length)`` where each slot's input lands. Key/value prefixes (deep
+    prompts' ``kv`` style) sit before every layer's keys: ``prefix_mask`` ``(K, P)`` marks
+    each slot's, padded after it to the longest; ``positions`` ``(K, length)``, where the
+    slots' prefixes differ, the position ids each slot's encoder gives its input alone."""
 
     order: torch.Tensor
     prompt_mask: torch.Tensor
     inputs: torch.Tensor
     prompts: tuple[int, ...]  # each slot's prompt length (0: an empty slot)
+    prefix_mask: torch.Tensor
+    prefixes: tuple[int, ...]  # each slot's key/value prefix
+    positions: torch.Tensor | None = None
 
     @classmethod
     def of(
-        cls, prompts: Sequence[int], length: int, device: torch.device, longest: int = 0
+        cls,
+        prompts: Sequence[int],
+        length: int,
+        device: torch.device,
+        longest: int = 0,
+        prefixes: Sequence[int] | None = None,
     ) -> FusedLayout:
         """``longest``: pad prompts to at least this many positions (a compiled pack's
         bucket), else to the longest of ``prompts``."""
         longest = max(longest, *prompts)
+        prefixes = prefixes or [0] * len(prompts)
         order, mask, inputs = [], [], []
         for m in prompts:
             prompt, pad = list(range(m)), list(range(m, longest))
             order.append(prompt + list(range(longest, longest + length)) + pad)
             mask.append([1] * m + [0] * (longest - m))
             inputs.append(list(range(m, m + length)))
+        past = max(prefixes)
+        prefix_mask = [[1] * p + [0] * (past - p) for p in prefixes]
         return cls(
             torch.tensor(order, device=device),
             torch.tensor(mask, device=device),
             torch.tensor(inputs, device=device),
             tuple(prompts),
+            torch.tensor(prefix_mask, device=device).reshape(len(prefixes), past),
+            tuple(prefixes),
         )
 
     @property
@@ -185,10 +231,11 @@ class FusedLayout:
     def shape(self, slots: Sequence[int]) -> PackShape:
         """How much of a fused batch whose rows come from ``slots`` is padding."""
         longest, length = self.longest, self.order.shape[1] - self.longest
+        past = self.prefix_mask.shape[1]
         rows = len(slots)
-        prompts = sum(self.prompts[s] for s in slots)
-        padded = rows * longest - prompts
-        return PackShape(rows, rows * (longest + length), padded, prompts)
+        prompts = sum(self.prompts[s] + self.prefixes[s] for s in slots)
+        padded = rows * (past + longest) - prompts
+        return PackShape(rows, rows * (past + longest + length), padded, prompts)
 
 
 class StackedLinear(nn.Module):
@@ -203,18 +250,16 @@ class StackedLinear(nn.Module):
         model = self._model[0]
         rows, stacks = model.rows, model.stacks
         weight = stacks[self.weight].to(x.dtype)  # (K, out, in)
-        k, out_features, in_features = weight.shape
         middle = x.shape[1:-1]
-        flat = x.reshape(x.shape[0], -1)
-        padded = flat.new_zeros(k * rows.per_slot, flat.shape[1]).index_copy(0, rows.padded, flat)
-        padded = padded.view(k, -1, in_features)
+        blocks = rows.by_slot(x.reshape(x.shape[0], -1, x.shape[-1]))  # (K, P, middle, in)
+        blocks = blocks.view(rows.capacity, -1, x.shape[-1])
         if self.bias is None:
-            y = torch.bmm(padded, weight.transpose(1, 2))
+            y = torch.bmm(blocks, weight.transpose(1, 2))
         else:
             bias = stacks[self.bias].to(x.dtype).unsqueeze(1)
-            y = torch.baddbmm(bias, padded, weight.transpose(1, 2))
-        y = y.reshape(k * rows.per_slot, *middle, out_features)
-        return y.index_select(0, rows.padded)
+            y = torch.baddbmm(bias, blocks, weight.transpose(1, 2))
+        y = y.view(rows.capacity, rows.per_slot, *middle, -1)
+        return rows.by_row(y)
 
 
 class FusedModel:
@@ -234,13 +279,17 @@ class FusedModel:
         self.method_stacks = {
             k.removeprefix("method."): v for k, v in stacks.items() if k.startswith("method.")
         }
-        self.method_cls: type[PromptMethod] = type(seated[0].method)
+        self.first: PromptMethod = seated[0].method  # what every member's method shares
         methods = [None if m is None else m.method for m in members]
-        device = next(iter(stacks.values())).device
+        self.device = next(iter(stacks.values())).device
         self.constants = {
-            k: v.to(device) for k, v in self.method_cls.fused_constants(methods).items()
+            k: v.to(self.device) for k, v in self.first.fused_constants(methods).items()
         }
         self.prompts = [0 if m is None else m.method.config.prompt_positions() for m in members]
+        self.prefixes = [0 if m is None else m.method.config.prefix_length() for m in members]
+        # prefixes of different lengths: each row's positions as its encoder counts them
+        # after its own prefix (not after the longest)
+        self.explicit_positions = len({m.method.config.prefix_length() for m in seated}) > 1
         # prompts padded to a multiple of ``bucket`` positions: a compiled pack's shapes
         # then change less often as members come and go
         self.longest = bucket * -(-max(self.prompts) // bucket)
@@ -267,8 +316,12 @@ class FusedModel:
     def layout(self, length: int) -> FusedLayout:
         """The layout of rows whose inputs have ``length`` tokens (built once per length)."""
         if length not in self._layouts:
-            device = next(iter(self.stacks.values())).device
-            self._layouts[length] = FusedLayout.of(self.prompts, length, device, self.longest)
+            layout = FusedLayout.of(self.prompts, length, self.device, self.longest, self.prefixes)
+            if self.explicit_positions:
+                # as a pack member by member: each slot's encoder positions after its prefix
+                positions = [self.backbone.alone_positions(length, p) for p in self.prefixes]
+                layout = dataclasses.replace(layout, positions=torch.cat(positions))
+            self._layouts[length] = layout
         return self._layouts[length]
 
     def logits(self, rows: SlotRows, batch: dict) -> torch.Tensor:
@@ -276,17 +329,47 @@ class FusedModel:
         each row's member computes them alone."""
         ids, input_mask = batch["input_ids"], batch["attention_mask"]
         layout = self.layout(ids.shape[1])
-        embed = self.backbone.backbone.get_input_embeddings()
-        prompts, embeds = self.method_cls.fused_parts(
-            self.method_stacks, self.constants, rows.slot, ids, embed
+        fused = FusedBatch(
+            self.method_stacks,
+            self.constants,
+            self.first,
+            rows,
+            ids,
+            input_mask,
+            self.backbone.backbone.get_input_embeddings(),
+            batch.get("features", {}),
+            layout.prompts,
+            layout.inputs[rows.slot],
         )
-        if prompts.shape[1] < layout.longest:  # a bucket longer than the longest prompt
+        inputs = self._inputs(fused, layout, batch)
+        for head in self.heads.values():
+            head.train(self.backbone.training and self.backbone.backbone.training)
+        layers = None
+        if self.first.uses_layer_prompts:
+            shown = layout.prompt_mask[rows.slot].bool().unsqueeze(-1)  # a row's own prompt
+            layers = functools.partial(self._layer_prompts, fused, shown)
+        self.rows = rows
+        try:
+            with self.backbone.fused_pass(self.heads, layers):
+                return self._head_logits(inputs, fused.input_positions, input_mask)
+        finally:
+            self.rows = None
+
+    def _inputs(self, fused: FusedBatch, layout: FusedLayout, batch: dict) -> dict:
+        """The backbone's keyword inputs for the fused batch: every row's prompt, input and
+        padding where the layout puts them (and its key/value prefix)."""
+        parts = self.first.fused_parts(fused)
+        prompts, slot, input_mask = parts.prompts, fused.slot, fused.attention_mask
+        if prompts.shape[1] < layout.longest:  # a shorter prompt, or a compiled pack's bucket
             prompts = F.pad(prompts, (0, 0, 0, layout.longest - prompts.shape[1]))
-        order = layout.order[rows.slot]
-        prompt_mask = layout.prompt_mask[rows.slot].to(input_mask.dtype)
+        order = layout.order[slot]
+        prompt_mask = layout.prompt_mask[slot].to(input_mask.dtype)
+        if parts.prompt_mask is not None:  # rows that attend to fewer of their prompt's
+            own = parts.prompt_mask.to(input_mask.dtype)
+            prompt_mask = prompt_mask * F.pad(own, (0, layout.longest - own.shape[1]))
         inputs = {
-            "inputs_embeds": torch.cat([prompts, embeds], 1).gather(
-                1, order.unsqueeze(-1).expand(-1, -1, embeds.shape[-1])
+            "inputs_embeds": torch.cat([prompts, parts.embeds], 1).gather(
+                1, order.unsqueeze(-1).expand(-1, -1, parts.embeds.shape[-1])
             ),
             "attention_mask": torch.cat([prompt_mask, input_mask], 1).gather(1, order),
         }
@@ -294,30 +377,28 @@ class FusedModel:
             segments = batch["token_type_ids"]
             zeros = segments.new_zeros(prompt_mask.shape)
             inputs["token_type_ids"] = torch.cat([zeros, segments], 1).gather(1, order)
-        for head in self.heads.values():
-            head.train(self.backbone.training and self.backbone.backbone.training)
-        layers = None
-        if self.method_cls.uses_layer_prompts:
-            shown = layout.prompt_mask[rows.slot].bool().unsqueeze(-1)  # a row's own prompt
-            layers = functools.partial(self._layer_prompts, rows.slot, shown)
-        self.rows = rows
-        try:
-            with self.backbone.fused_pass(self.heads, layers):
-                return self._head_logits(inputs, layout.inputs[rows.slot], input_mask)
-        finally:
-            self.rows = None
+        if layout.prefix_mask.shape[1]:  # every row's prefix, padded after it, masked
+            cache = DynamicCache()
+            for index, (keys, values) in enumerate(self.first.fused_prefix(fused)):
+                cache.update(keys, values, index)
+            inputs[PREFIX_CACHE] = cache
+            prefix_mask = layout.prefix_mask[slot].to(input_mask.dtype)
+            inputs["attention_mask"] = torch.cat([prefix_mask, inputs["attention_mask"]], 1)
+        if layout.positions is not None:
+            inputs["position_ids"] = layout.positions[slot]
+        return inputs
 
     def _layer_prompts(
-        self, slot: torch.Tensor, shown: torch.Tensor, index: int, hidden: torch.Tensor
+        self, fused: FusedBatch, shown: torch.Tensor, index: int, hidden: torch.Tensor
     ) -> torch.Tensor:
         """``hidden`` at the input of layer ``index`` with each row's first positions (its
-        own prompt's, ``shown``: ``(rows, M, 1)``) replaced by its slot's prompt of that
-        layer, as the member's own hook replaces them alone; the rest as it is."""
-        prompts = self.method_cls.fused_layer_prompts(self.method_stacks, index)
+        own prompt's, ``shown``: ``(rows, M, 1)``) replaced by its prompt of that layer, as
+        the member's own hook replaces them alone; the rest as it is."""
+        prompts = self.first.fused_layer_prompts(fused, index, hidden)
         if prompts is None:
             return hidden
         longest = shown.shape[1]
-        rows = prompts.to(hidden.dtype)[slot]
+        rows = prompts.to(hidden.dtype)
         if rows.shape[1] < longest:  # a bucket longer than the longest prompt
             rows = F.pad(rows, (0, 0, 0, longest - rows.shape[1]))
         front = torch.where(shown, rows, hidden[:, :longest])

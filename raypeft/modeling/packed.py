@@ -447,10 +447,10 @@ class PackedBackbone(nn.Module):
         if len({p.past for p in placements}) <= 1:
             return None
         return torch.cat(
-            [self._alone_positions(length, p.past).expand(p.rows, -1) for p in placements]
+            [self.alone_positions(length, p.past).expand(p.rows, -1) for p in placements]
         )
 
-    def _alone_positions(self, length: int, past: int) -> torch.Tensor:
+    def alone_positions(self, length: int, past: int) -> torch.Tensor:
         """``(1, length)``: the position ids the encoder's embeddings give a sequence after a
         key/value prefix of ``past`` slots, read from the embeddings themselves."""
         if (length, past) not in self._probed:

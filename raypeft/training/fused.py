@@ -16,9 +16,10 @@ before anything reads those (an evaluation, a checkpoint, a member leaving). A s
   does not step this time gets the identity (its tensors and moments stay as they are);
 - each stepping member's schedule (``scheduler.step()``, Python only).
 
-Fused packs need an encoder, a method with a fused form (PT, DePT), linear heads, fp32 or
-bf16 (fp16's loss scaler is per member) and AdamW without amsgrad; other packs step member
-by member (:func:`raypeft.training.pack.packed_step`).
+Fused packs need an encoder, a method with a fused form (PT, DePT, deep prompts, IDPG, IPT's
+table strategies: :func:`~raypeft.modeling.fused.fused_refusal`), linear heads, fp32 or bf16
+(fp16's loss scaler is per member) and AdamW without amsgrad; other packs step member by
+member (:func:`raypeft.training.pack.packed_step`).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class FusedPack:
         members = [None if x is None else x.model for x in self.learners]
         bucket = 1 if compile_rows is None else PROMPT_BUCKET
         self.model = FusedModel(backbone, members, self.params, bucket)
-        self._rows: dict[tuple, SlotRows] = {}
+        self._rows: dict[tuple[tuple[int, ...], tuple[int, ...]], SlotRows] = {}
         self.compile_rows = compile_rows
         self._losses = self._slot_losses
         if compile_rows is not None:
@@ -161,9 +162,9 @@ class FusedPack:
         for stack in self.params.values():
             stack.grad = None
         rows = self._rows_of(slots, [len(b["labels"]) for b in batches])
-        batch = {k: torch.cat([b[k] for b in batches]) for k in FUSED_KEYS if k in batches[0]}
+        batch = _concatenated(batches)
         layout = self.model.layout(batch["input_ids"].shape[1])  # built here, not compiled
-        losses = self._losses(rows.spread(batch), rows)[self._stepping(slots)]
+        losses = self._losses(rows.spread(batch), rows)[rows.stepping]
         values = losses.detach().tolist()  # one device sync for all members
         finite = [math.isfinite(v) for v in values]
         stepped = [s for s, ok in zip(slots, finite, strict=True) if ok]
@@ -189,12 +190,6 @@ class FusedPack:
                 self._rows[key] = SlotRows.of(by_slot, capacity, self.device)
             else:
                 self._rows[key] = SlotRows.static(by_slot, capacity, self.compile_rows, self.device)
-        return self._rows[key]
-
-    def _stepping(self, slots: Sequence[int]) -> torch.Tensor:
-        key = ("stepping", tuple(slots))
-        if key not in self._rows:
-            self._rows[key] = torch.tensor(list(slots), device=self.device)
         return self._rows[key]
 
     @torch.no_grad()
@@ -272,6 +267,20 @@ class FusedPack:
                 for i, value in enumerate(values):
                     table[gi][i][slot] = value
         return torch.tensor(table, device=self.device)
+
+
+def _concatenated(batches: Sequence[dict]) -> dict:
+    """The members' batches as one (their rows in order; ``features``: each feature's)."""
+    batch = {}
+    for key in FUSED_KEYS:
+        if key not in batches[0]:
+            continue
+        if key == "features":
+            names = batches[0][key]
+            batch[key] = {n: torch.cat([b[key][n] for b in batches]) for n in names}
+        else:
+            batch[key] = torch.cat([b[key] for b in batches])
+    return batch
 
 
 def _groups(tensors: dict[int, dict[str, torch.Tensor]], learners) -> dict[str, str]:

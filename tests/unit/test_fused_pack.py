@@ -5,18 +5,21 @@ batch sizes, prompt lengths and ranks, so the stacks are padded) on the same bat
 through :func:`raypeft.training.pack_step.packed_step` and once fused, end with the same
 tensors and AdamW state; on the heads raypeft meets (BERT's linear classifier, its mean
 pooling, RoBERTa's two-layer head). Through :class:`raypeft.training.pack.Pack`, the tests in
-test_pack.py and the pack contract run fused wherever a pack can be (PT and DePT on encoders);
-here a pack's own fusing: members held back, padding that stays zero, and a method without a
-fused form stepping member by member.
+test_pack.py and the pack contract run fused wherever a pack can be (on encoders); here a
+pack's own fusing: members held back, padding that stays zero, and members that cannot fuse
+stepping member by member.
 """
 
 from __future__ import annotations
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification
 
 from raypeft.config.schema import ExperimentConfig
+from raypeft.methods.ipt.method import IPT, IPTConfig
 from raypeft.modeling.backbones import HEAD_MODULE_NAMES, Backbone, backbone_dims
 from raypeft.modeling.packed import PackedBackbone, shared_copy
 from raypeft.modeling.prompted import PromptedModel
@@ -50,6 +53,50 @@ DEEP = list(zip([
     {"name": "prefix", "style": "hidden", "prompt_length": 5, "lr": 0.1},
     {"name": "prefix", "style": "hidden", "prompt_length": 3, "lr": 0.05, "init": "normal"},
 ], TRAINS, strict=True))  # fmt: skip
+# deep prompts (key/value style): every row's prefix in one cache; prefixes of different
+# lengths get each row's encoder positions as alone (KV_EQUAL: one length, none needed)
+KV = list(zip([
+    {"name": "prefix", "style": "kv", "prompt_length": 2, "lr": 0.3},
+    {"name": "prefix", "style": "kv", "prompt_length": 5, "lr": 0.1},
+    {"name": "prefix", "style": "kv", "prompt_length": 3, "lr": 0.05, "init_seed": 4},
+], TRAINS, strict=True))  # fmt: skip
+KV_EQUAL = [({**method, "prompt_length": 3}, train) for method, train in KV]
+# IDPG: dense generators of different widths and prompt lengths (M-IDPG, reading the previous
+# layer; S-IDPG with A.5's residual and norms), and PHM generators of one shape (version L)
+IDPG = {"name": "idpg", "generator": "dnn", "layers": "multi", "version": "M"}
+IDPG_DENSE = list(zip([
+    {**IDPG, "prompt_length": 2, "generator_hidden": 4, "lr": 0.05},
+    {**IDPG, "prompt_length": 4, "generator_hidden": 8, "lr": 0.02},
+    {**IDPG, "prompt_length": 3, "generator_hidden": 2, "lr": 0.1, "init_seed": 3},
+], TRAINS, strict=True))  # fmt: skip
+IDPG_NORMS = [
+    ({**method, "layers": "single", "residual": True, "layer_norm": True}, train)
+    for method, train in IDPG_DENSE
+]
+PHM = {"name": "idpg", "generator": "phm", "phm_n": 4, "prompt_length": 3, "generator_hidden": 8,
+       "layers": "multi", "version": "L", "generator_input": "sentence"}  # fmt: skip
+IDPG_PHM = list(zip([
+    {**PHM, "lr": 0.05}, {**PHM, "lr": 0.02, "init_seed": 1}, {**PHM, "lr": 0.1, "init_seed": 2},
+], TRAINS, strict=True))  # fmt: skip
+# IPT's table strategy: prompt lengths longer than some rows' real tokens (masked), the deep
+# placement's per-layer affine maps
+IPT_TABLE = list(zip([
+    {"name": "ipt", "prompt_length": 3, "lr": 0.05},
+    {"name": "ipt", "prompt_length": 8, "lr": 0.02, "init_seed": 1},
+    {"name": "ipt", "prompt_length": 5, "lr": 0.1, "init_seed": 2},
+], TRAINS, strict=True))  # fmt: skip
+IPT_DEEP = [({**method, "placement": "deep"}, train) for method, train in IPT_TABLE]
+FUSED = {
+    "dept": MEMBERS,
+    "deep prompts": DEEP,
+    "kv prefixes": KV,
+    "kv of one length": KV_EQUAL,
+    "idpg": IDPG_DENSE,
+    "idpg norms": IDPG_NORMS,
+    "idpg phm": IDPG_PHM,
+    "ipt": IPT_TABLE,
+    "ipt deep": IPT_DEEP,
+}
 
 
 def _backbone(model_type: str, **extra) -> Backbone:
@@ -95,18 +142,20 @@ def _batches(step: int, members=MEMBERS) -> list[dict]:
     lengths, the same for both ways of stepping."""
     gen = torch.Generator().manual_seed(step)
     batches = []
-    for _, train in members:
+    for method, train in members:
         b = train["batch_size"]
         real = torch.randint(4, S + 1, (b,), generator=gen)
         mask = (torch.arange(S)[None, :] < real[:, None]).long()
-        batches.append(
-            {
-                "input_ids": torch.randint(5, 500, (b, S), generator=gen) * mask,
-                "attention_mask": mask,
-                "token_type_ids": torch.zeros(b, S, dtype=torch.long),
-                "labels": torch.randint(0, 3, (b,), generator=gen),
-            }
-        )
+        batch = {
+            "input_ids": torch.randint(5, 500, (b, S), generator=gen) * mask,
+            "attention_mask": mask,
+            "token_type_ids": torch.zeros(b, S, dtype=torch.long),
+            "labels": torch.randint(0, 3, (b,), generator=gen),
+        }
+        if method["name"] == "idpg":  # its M(x), computed once per example in a search
+            width = TINY["hidden_size"]
+            batch["features"] = {"sentence": torch.randn(b, width, generator=gen)}
+        batches.append(batch)
     return batches
 
 
@@ -132,13 +181,22 @@ def _state(learners: list[Learner]) -> list[dict[str, torch.Tensor]]:
         ("roberta", "first", "dept"),
         ("bert", "first", "deep prompts"),
         ("roberta", "mean", "deep prompts"),
+        ("bert", "first", "kv prefixes"),
+        ("roberta", "mean", "kv prefixes"),
+        ("bert", "mean", "kv of one length"),
+        ("bert", "first", "idpg"),
+        ("roberta", "mean", "idpg"),
+        ("bert", "first", "idpg norms"),
+        ("bert", "mean", "idpg phm"),
+        ("bert", "first", "ipt"),
+        ("roberta", "mean", "ipt deep"),
     ],
 )
 def test_a_fused_step_is_the_member_by_member_step(model_type, head_pooling, members):
-    """Eight steps of three padded members (DePT; deep prompts), fused and member by member,
-    from the same start on the same batches: the same losses, tensors, moments and learning
-    rates."""
-    members = {"dept": MEMBERS, "deep prompts": DEEP}[members]
+    """Eight steps of three padded members (DePT; deep prompts, hidden and key/value; IDPG's
+    generators; IPT's tables), fused and member by member, from the same start on the same
+    batches: the same losses, tensors, moments and learning rates."""
+    members = FUSED[members]
     extra = {"pad_token_id": 1} if model_type == "roberta" else {}
     base = _backbone(model_type, **extra)
     pack = PackedBackbone(shared_copy(base.model), "encoder", "fp32", 0.0, head_pooling)
@@ -226,18 +284,33 @@ def test_a_member_held_back_keeps_its_state_while_the_others_step(task):  # noqa
         assert_same(alone(cfg, task), reports[key])
 
 
-def test_a_method_without_a_fused_form_steps_member_by_member(task):  # noqa: F811
-    """Key/value prefixes have no fused form: the pack says why and steps its members one by
-    one, as before (the pack contract holds them to their trials alone)."""
-    method = {"name": "prefix", "style": "kv", "prompt_length": 2, "lr": 0.01}
-    cfg = ExperimentConfig.model_validate(
-        {**experiment().model_dump(mode="json"), "method": method}
+def test_members_a_stack_cannot_hold_are_refused():
+    """IDPG members whose generators differ in structure, or PHM ones in shape, and IPT's
+    encoder strategy have no fused form: the pack says why (and steps them one by one)."""
+    base = _backbone("bert")
+    pack = PackedBackbone(shared_copy(base.model), "encoder", "fp32", 0.0, "first")
+    wider = [IDPG_PHM[0], ({**PHM, "generator_hidden": 12, "phm_n": 4}, TRAINS[1])]
+    why = fusing_refusal(pack, _learners(base, wider, "first"))
+    assert why == "its IDPG members' generators differ in generator_hidden"
+    versions = [IDPG_DENSE[0], ({**IDPG_DENSE[1][0], "version": "S"}, TRAINS[1])]
+    why = fusing_refusal(pack, _learners(base, versions, "first"))
+    assert why == "its IDPG members' generators differ in version"
+    encoder = SimpleNamespace(config=IPTConfig(strategy="encoder", encoder="lstm"))
+    assert IPT.fusing_limitation([encoder]) == (
+        "IPT's encoder strategy has no fused form (its encoders run member by member)"
     )
+
+
+def test_members_of_different_methods_step_member_by_member(task):  # noqa: F811
+    """A pack whose members' methods differ has no fused form: it says why and steps its
+    members one by one, as before (the pack contract holds them to their trials alone)."""
+    dept = {"name": "dept", "prompt_length": 2, "rank": 2, "lr_prompt": 0.05, "lr_lowrank": 0.01}
+    cfg = ExperimentConfig.model_validate({**experiment().model_dump(mode="json"), "method": dept})
     pack = Pack(task, capacity=2)
-    pack.add(MemberSpec("a", cfg))
+    pack.add(MemberSpec("a", experiment()))
     pack.add(MemberSpec("b", cfg))
     pack.step()
-    assert pack.not_fused == "method 'prefix' has no fused form for this config"
+    assert pack.not_fused == "its members use different methods"
 
 
 def test_fusing_can_be_turned_off(task):  # noqa: F811

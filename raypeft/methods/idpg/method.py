@@ -49,6 +49,7 @@ from raypeft.methods.base import (
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.idpg import fused
 from raypeft.methods.idpg.phm import PHMLinear, init_phm_a
 from raypeft.methods.idpg.sentence_encoders import (
     BackboneEncoding,
@@ -400,7 +401,7 @@ class IDPG(PromptMethod):
                 )
             return _dense(size_in, size_out, std, bias, gen)
 
-        # first layers (d_in → m, with bias): which one each layer uses is _slots' business
+        # first layers (d_in → m, with bias): which one each layer uses is parts_of' business
         if per_layer:
             widths = [d_in] + [d if previous else d_in] * (layers - 1)
         elif previous and d_in != d:
@@ -436,10 +437,19 @@ class IDPG(PromptMethod):
         self.activation = ACTIVATIONS[config.activation]()
         self._stash: tuple[torch.Tensor, torch.Tensor] | None = None
 
+    # a fused pack computes every member's generator at once (raypeft.methods.idpg.fused)
+    fused_parts = staticmethod(fused.fused_parts)
+    fused_layer_prompts = staticmethod(fused.fused_layer_prompts)
+    fusing_limitation = staticmethod(fused.fusing_limitation)
+
+    @staticmethod
+    def fused_constants(members) -> dict:
+        return {}
+
     def param_groups(self) -> dict[str, list[nn.Parameter]]:
         return {"generator": list(self.parameters())}
 
-    def _slots(self, layer: int) -> tuple[int, int, int, int]:
+    def parts_of(self, layer: int) -> tuple[int, int, int, int]:
         """Indices of (first layer, second layer, bias, norms) that ``layer`` uses."""
         down = min(layer, len(self.down) - 1)  # per layer, or [input layer, the rest], or one
         up = layer if len(self.up) > 1 else 0
@@ -449,7 +459,7 @@ class IDPG(PromptMethod):
 
     def generate(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """Prompt ``(batch, t, d)`` for ``layer`` from its generator input ``x`` ``(batch, w)``."""
-        down, up, bias, norm = self._slots(layer)
+        down, up, bias, norm = self.parts_of(layer)
         x = x.to(self.prompt_bias.dtype)
         hidden = self.activation(self.down[down](x))
         out = self.up[up](hidden) + self.prompt_bias[bias]

@@ -38,7 +38,6 @@ without the cache builds it there (the write is atomic).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Literal
 
 import torch
@@ -56,7 +55,9 @@ from raypeft.methods.base import (
     prepend_prompt,
     register_method,
 )
+from raypeft.methods.ipt import fused
 from raypeft.methods.ipt.corpora import check_corpus
+from raypeft.methods.ipt.instance import deep_prompt, first_real_tokens, read_count
 from raypeft.methods.ipt.pretrain import (
     BODY_PREFIX,
     EMBEDDING_KEY,
@@ -309,28 +310,6 @@ class IPTConfig(MethodConfig):
             ensure_pretrained(self.pretrain_spec(backbone.dims), backbone.tokenizer)
 
 
-def read_count(utilisation: float, length: int | torch.Tensor):
-    """``ceil(ρ·n)``, at least 1; the tiny offset keeps e.g. ``0.3·10`` at 3, not 4."""
-    if isinstance(length, torch.Tensor):
-        return torch.ceil(length.double() * utilisation - 1e-9).long().clamp(min=1)
-    return max(1, math.ceil(length * utilisation - 1e-9))
-
-
-def first_real_tokens(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, count: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Ids of each row's first ``count`` real tokens and their validity, ``(b, count)`` each;
-    rows with fewer real tokens are padded with id 0 / False. Works for left and right padding."""
-    # a stable sort on "is padding" moves real tokens to the front, in their order
-    order = torch.argsort((attention_mask == 0).to(torch.int8), dim=1, stable=True)
-    ids = torch.gather(input_ids, 1, order)[:, :count]
-    valid = torch.gather(attention_mask, 1, order)[:, :count].bool()
-    if ids.shape[1] < count:
-        ids = F.pad(ids, (0, count - ids.shape[1]))
-        valid = F.pad(valid, (0, count - valid.shape[1]))
-    return ids * valid, valid
-
-
 @register_method
 class IPT(PromptMethod):
     config_cls = IPTConfig
@@ -411,13 +390,12 @@ class IPT(PromptMethod):
     def layer_prompt(self, layer: int, hidden_states: torch.Tensor) -> torch.Tensor | None:
         if self.config.placement != "deep" or self._prompt is None:
             return None
-        prompt, width = self._prompt, self._prompt.shape[1]
-        # RMS of the layer's hidden states over each input's real tokens (a scale, no gradient)
-        rest = hidden_states[:, width:].detach().float()
-        mask = self._mask.to(rest.dtype)
-        rms = (rest.pow(2).mean(-1) * mask).sum(1) / mask.sum(1).clamp(min=1)
-        # clamp before the root: a padded slot's row is all zeros, and sqrt's gradient at 0 is
-        # infinite (times the clamp's zero it gave the table NaN gradients)
-        unit = prompt / prompt.pow(2).mean(-1, keepdim=True).clamp(min=1e-12).sqrt()
-        out = unit * self.layer_scale[layer - 1] + self.layer_shift[layer - 1]
-        return out * rms.sqrt()[:, None, None].to(out.dtype)
+        rest = hidden_states[:, self._prompt.shape[1] :]  # the input's positions
+        scale, shift = self.layer_scale[layer - 1], self.layer_shift[layer - 1]
+        return deep_prompt(self._prompt, rest, self._mask, scale, shift)
+
+    # a fused pack computes every member's prompts at once (raypeft.methods.ipt.fused)
+    fused_constants = staticmethod(fused.fused_constants)
+    fused_parts = staticmethod(fused.fused_parts)
+    fused_layer_prompts = staticmethod(fused.fused_layer_prompts)
+    fusing_limitation = staticmethod(fused.fusing_limitation)
