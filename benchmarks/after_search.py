@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 
 from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.servers import free_port
 from benchmarks.platform_overhead import TINY, VALUES, replay_table
 
@@ -179,11 +180,9 @@ def ui(work: Path) -> dict[str, Any]:
 STEPS = {"report": report, "table": table, "predict": predict, "ui": ui}
 
 
-def done(out: Path, trials: int) -> set[str]:
-    if not out.exists():
-        return set()
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {r["command"] for r in rows if r["trials"] == trials and "error" not in r}
+def measured(row: dict[str, Any]) -> tuple[int, str] | None:
+    """What a row measured (a command at a number of trials); None for a failed one."""
+    return None if "error" in row else (row["trials"], row["command"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,28 +193,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default=",".join(COMMANDS), help="commands, comma-separated")
     args = parser.parse_args(argv)
     work = args.work / str(args.trials)
-    finished = done(args.out, args.trials)
-    wanted = [c for c in args.only.split(",") if c not in finished]
+    results = ResultsFile(args.out, key=measured)
+    wanted = [c for c in args.only.split(",") if not results.done((args.trials, c))]
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
     steps = [c for c in wanted if c != "tune"]
     if wanted and not searched(work):  # every command reads the search's store
-        _append(args.out, args.trials, commit, {"command": "tune", **tune(args.trials, work)})
+        _append(results, args.trials, commit, {"command": "tune", **tune(args.trials, work)})
     for command in steps:
         try:
             row = {"command": command, **STEPS[command](work)}
         except Exception as exc:  # noqa: BLE001  (a failing step is recorded, the rest go on)
             row = {"command": command, "error": str(exc)[:500]}
-        _append(args.out, args.trials, commit, row)
+        _append(results, args.trials, commit, row)
 
 
-def _append(out: Path, trials: int, commit: str, row: dict[str, Any]) -> None:
+def _append(results: ResultsFile, trials: int, commit: str, row: dict[str, Any]) -> None:
     row = {"trials": trials, "commit": commit, "date": time.strftime("%Y-%m-%d"), **row}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as stream:
-        stream.write(json.dumps(row) + "\n")
-    print(json.dumps(row), flush=True)
+    print(json.dumps(results.append(row)), flush=True)
 
 
 if __name__ == "__main__":

@@ -52,12 +52,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common.paths import RESULTS, digest
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.tables import print_table, right_aligned_after
 from benchmarks.replay_study import (
     DRAWS,
@@ -275,12 +275,8 @@ def declaration(chosen: str, shipped: str, sets: list[ConfirmationSet], rate: fl
 
 
 def ledger_entry(ledger: Path, declared: dict) -> dict | None:
-    if not ledger.exists():
-        return None
-    for line in ledger.read_text().splitlines():
-        if line.strip() and (entry := json.loads(line))["declared"] == declared:
-            return entry
-    return None
+    """The confirmation of ``declared`` the ledger holds, if one ran."""
+    return next((e for e in ResultsFile(ledger).rows() if e["declared"] == declared), None)
 
 
 def main() -> None:
@@ -396,9 +392,9 @@ def confirmation(args, parser, choice: Choice, chosen_on: list[dict], labels: li
     judged = confirm(margins, sets, shipped)
     passes = entry["passes"] if entry else judged  # a confirmation is judged once
     if entry is None:
-        with args.ledger.open("a") as f:
-            f.write(json.dumps({"declared": declared, "date": datetime.date.today().isoformat(),
-                                "passes": passes}) + "\n")  # fmt: skip
+        ResultsFile(args.ledger).append(
+            {"declared": declared, "date": datetime.date.today().isoformat(), "passes": passes}
+        )
     info = {s.name: rows_for(s.table, compared, s.replays, s.seed, args.out) for s in fresh}
     print(
         f"\nFor information, fresh replays of the choice tables ({confirm_replays} each; "

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.servers import ServerUnavailable, postgres_runnable, postgres_server
 
 LAYERS = ("tune", "tune_optuna", "raypeft")
@@ -53,13 +54,6 @@ TINY = {
 
 def cell_key(cell: dict[str, Any]) -> tuple:
     return (cell["store"], cell["concurrency"], cell["size"], cell["layer"])
-
-
-def done_cells(out: Path) -> set[tuple]:
-    """The cells ``out`` holds already (a resumed run skips them)."""
-    if not out.exists():
-        return set()
-    return {cell_key(json.loads(line)) for line in out.read_text().splitlines() if line.strip()}
 
 
 # ----------------------------------------------------------------------------- one cell
@@ -267,34 +261,29 @@ def measure(cell: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 def run_grid(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every cell of the grid not in ``args.out`` yet, appended to it as each ends."""
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done, rows = done_cells(out), []
+    results, rows = ResultsFile(args.out, key=cell_key), []
     for kind in args.stores:
         with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
             work = Path(tmp)
             with stores(kind, work) as urls:
-                for cell in _cells(args, kind, done):
+                for cell in _cells(args, kind, results):
                     name = f"{cell['layer']}_{cell['concurrency']}_{cell['size']}"
                     (work / name).mkdir()
                     mlflow_url, optuna_url = urls(name)
                     cell.update(work=str(work / name), mlflow_url=mlflow_url,
                                 optuna_url=optuna_url)  # fmt: skip
-                    row = measure(cell, args.timeout)
-                    with out.open("a") as stream:
-                        stream.write(json.dumps(row) + "\n")
-                    rows.append(row)
-                    print(summary_line(row), flush=True)
+                    rows.append(results.append(measure(cell, args.timeout)))
+                    print(summary_line(rows[-1]), flush=True)
     return rows
 
 
-def _cells(args: argparse.Namespace, store: str, done: set[tuple]) -> Iterator[dict[str, Any]]:
+def _cells(args: argparse.Namespace, store: str, results: ResultsFile) -> Iterator[dict[str, Any]]:
     """The grid's cells of ``store`` not measured yet, smallest concurrency and size first."""
     for conc in args.concurrency:
         for size in args.sizes:
             for layer in args.layers:
                 cell = {"store": store, "concurrency": conc, "size": size, "layer": layer}
-                if cell_key(cell) not in done:
+                if not results.done(cell_key(cell)):
                     yield cell
 
 
@@ -402,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     except ServerUnavailable as exc:
         print(f"error: --stores postgres: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    rows = [json.loads(ln) for ln in Path(args.out).read_text().splitlines() if ln.strip()]
+    rows = ResultsFile(args.out).rows()
     print("\n".join(growth(rows) + paces(rows) + ratios(rows)))
 
 

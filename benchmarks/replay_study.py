@@ -61,6 +61,7 @@ import time
 from pathlib import Path
 
 from benchmarks.common.paths import REPO, RESULTS, digest
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.tables import print_table, right_aligned_after
 from raypeft.config.loading import load_experiment
 from raypeft.reporting.replay_figures import draw_anytime, draw_tradeoff
@@ -185,9 +186,7 @@ def row_key(row: dict) -> tuple:
 
 def stored_rows(out: Path) -> list[dict]:
     """The rows as stored."""
-    if not out.exists():
-        return []
-    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+    return ResultsFile(out).rows()
 
 
 def read_rows(out: Path) -> list[dict]:
@@ -248,11 +247,8 @@ def spread_figures(spread: Spread) -> dict:
 
 def write_row(out: Path, row: dict, replacing: bool) -> None:
     """Append ``row`` to ``out``; ``replacing``: drop the stored rows with its key first."""
-    if replacing:
-        kept = [r for r in stored_rows(out) if row_key(r) != row_key(row)]
-        out.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    with out.open("a") as f:
-        f.write(json.dumps(nan_as_null(row)) + "\n")
+    results = ResultsFile(out, key=row_key)
+    (results.replace if replacing else results.append)(nan_as_null(row))
 
 
 def study_row(label: str, table_path: Path, table: CurveTable, replays: int, seed: int) -> dict:

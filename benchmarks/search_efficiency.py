@@ -44,6 +44,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.tables import print_table as print_markdown
 
 ALPHA1 = [3e-1, 4e-1, 5e-1]
@@ -370,11 +371,11 @@ def main() -> int:
         ]
         write_grid(args, results[0])
     if args.tpe_from:
-        results += [json.loads(line) for line in Path(args.tpe_from).read_text().splitlines()]
+        results += ResultsFile(args.tpe_from).rows()
     for seed in [int(s) for s in args.tpe_seeds.split(",") if s.strip()]:
         results.append(tpe_search(args, seed))
-        with open(args.tpe_out, "a") as out:  # kept: a later grid run can be compared
-            out.write(json.dumps(results[-1] | {"settings": settings(args)}) + "\n")
+        # kept: a later grid run can be compared
+        ResultsFile(args.tpe_out).append(results[-1] | {"settings": settings(args)})
         print_table(results)  # after each seed: a partial table survives an interruption
     print_table(results)
     return 0
