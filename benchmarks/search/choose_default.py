@@ -4,8 +4,9 @@ tables, then confirmed on a table the choice never saw and on fresh replays.
 The rule, fixed before the confirmation table was read:
 
 1. **Replays.** Every candidate is replayed ``--replays`` times at ``--seed`` against each
-   choice table (``benchmarks.replay_study``'s rows: read from its ``--out`` file where stored
-   for the same table, setting, replays, seed and draws, replayed and stored otherwise).
+   choice table (``benchmarks.search.replay_study``'s rows: read from its ``--out`` file
+   where stored for the same table, setting, replays, seed and draws; replayed and stored
+   otherwise).
 2. **Leader.** The candidate with the lowest held-out regret (the interquartile mean over
    replays of the chosen configuration's score on the seed the replay never saw), averaged
    over the choice tables.
@@ -42,7 +43,7 @@ every other seed of a 3-seed table is not a candidate.
 
 Usage::
 
-    python -m benchmarks.choose_default \\
+    python -m benchmarks.search.choose_default \\
         --choose benchmarks/results/table_dept_subj.json \\
         --choose benchmarks/results/table_dept_mr.json \\
         --confirm benchmarks/results/table_dept_tweets.json
@@ -59,7 +60,7 @@ from pathlib import Path
 from benchmarks.common.paths import RESULTS, digest
 from benchmarks.common.results import ResultsFile
 from benchmarks.common.tables import print_table, right_aligned_after
-from benchmarks.replay_study import (
+from benchmarks.search.replays import (
     DRAWS,
     SETTINGS,
     as_float,

@@ -1,8 +1,8 @@
 """What a user runs after a big search, timed at 1,000 runs (issue 41, item 4).
 
 One search of ``--trials`` zero-time replayed trials (``resources.trial_runner: replay``, the
-table and experiment of :mod:`benchmarks.platform_overhead`, 8 at a time) runs through the real
-``raypeft tune`` into ``--work``; then each command a user runs after it is timed as the user
+table and experiment of :mod:`benchmarks.scale.platform_overhead`, 8 at a time) runs through the
+real ``raypeft tune`` into ``--work``; then each command a user runs after it is timed as the user
 runs it, a subprocess on that store:
 
 - ``raypeft report`` (figures, report.html, trials.csv, logged to the parent run);
@@ -14,7 +14,7 @@ runs it, a subprocess on that store:
 Each measurement appends one JSON line to ``--out`` as it ends; a command already there for
 this number of trials is skipped, and a finished search in ``--work`` is reused (resumable).
 
-    python -m benchmarks.after_search --trials 1000 --work /tmp/after-search
+    python -m benchmarks.scale.after_search --trials 1000 --work /tmp/after-search
 
 Time it alone on the machine: a run beside other work is not a timing.
 """
@@ -37,7 +37,7 @@ import yaml
 from benchmarks.common.paths import REPO, RESULTS
 from benchmarks.common.results import ResultsFile
 from benchmarks.common.servers import free_port
-from benchmarks.platform_overhead import TINY, VALUES, replay_table
+from benchmarks.common.tiny_search import REPLAYED, replay_space, replay_table
 
 RAYPEFT = str(Path(sys.executable).with_name("raypeft"))
 NAME = "after-search"
@@ -54,8 +54,8 @@ def experiment(trials: int, work: Path) -> dict[str, Any]:
     """The search: platform_overhead's raypeft cell at C=8, in ``work``'s sqlite stores."""
     return {
         "name": NAME,
-        **TINY,
-        "space": {k: {"choice": VALUES} for k in ("method.lr_prompt", "method.lr_lowrank")},
+        **REPLAYED,
+        "space": replay_space(),
         "search": {
             "num_samples": trials,
             "sampler": "random",

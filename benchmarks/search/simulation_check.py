@@ -40,10 +40,11 @@ beside what the replays predict for the same two files (paired, hierarchical int
 
 Usage::
 
-    python -m benchmarks.simulation_check --table benchmarks/results/table_dept_subj.json \\
+    python -m benchmarks.search.simulation_check --table benchmarks/results/table_dept_subj.json \\
         --set task.data_dir=../shared/data/subj --runs 3
     git show 538285c:search_spaces/dept.yaml > /tmp/dept_previous.yaml   # the search before
-    python -m benchmarks.simulation_check --table benchmarks/results/table_dept_tweets.json \\
+    python -m benchmarks.search.simulation_check \\
+        --table benchmarks/results/table_dept_tweets.json \\
         --runs 6 --pair /tmp/dept_previous.yaml --chunk 2   # again until 6 pairs are stored
 """
 
