@@ -35,10 +35,7 @@ import os
 
 import torch
 
-from benchmarks.common.devices import (
-    device_line,
-    pick_device,
-)
+from benchmarks.common.devices import device_line, pick_device
 from benchmarks.common.processes import measure_together, together
 from benchmarks.common.tables import markdown_table, right_aligned_after
 from benchmarks.device.steps import (

@@ -15,9 +15,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
-from benchmarks.common.devices import (
-    peak_mib,
-)
+from benchmarks.common.devices import peak_mib
 from benchmarks.common.training import Trainee, training_step
 from raypeft.config.schema import ExperimentConfig
 from raypeft.modeling.backbones import HEAD_MODULE_NAMES, Backbone, backbone_dims, backbone_kind

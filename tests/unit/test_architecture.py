@@ -157,8 +157,9 @@ def test_no_function_is_over_80_lines():
 
 
 def test_benchmarks_edit_no_sys_path():
-    """Benchmarks import raypeft and each other as packages (``python -m benchmarks.<study>``
-    from the repository root), never by putting folders on ``sys.path``."""
+    """Benchmarks import raypeft and benchmarks.common as packages (``python -m
+    benchmarks.<folder>.<study>`` from the repository root), never by putting folders on
+    ``sys.path``."""
     edits = [
         f"{path.relative_to(REPO)}:{node.lineno}"
         for path in sorted(BENCHMARKS.rglob("*.py"))
