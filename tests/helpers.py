@@ -23,6 +23,7 @@ import psutil
 import yaml
 from mlflow.tracking import MlflowClient
 
+from benchmarks.common.tiny_search import TINY_SEARCH
 from tests.cli_server import CALL_TIME
 
 RAYPEFT = str(Path(sys.executable).with_name("raypeft"))  # the console script of this venv
@@ -30,34 +31,16 @@ RAYPEFT = str(Path(sys.executable).with_name("raypeft"))  # the console script o
 
 # What the small real searches of the integration tests train: DePT on the tiny BERT and a
 # few of the packaged tweets, 12 steps evaluated every 4 (the space and search are theirs).
-TINY_SEARCH_BASE = {
-    "model": {"name": "tiny-bert", "max_length": 16},
-    "task": {
-        "name": "tweet_sentiment",
-        "max_train_examples": 160,
-        "max_eval_examples": 48,
-        "max_test_examples": 48,
-    },
-    "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
-    "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
-}
+TINY_SEARCH_BASE = TINY_SEARCH
 
 
 def tiny_experiment(tmp_path: Path, **sections) -> Path:
     """A 3-trial DePT search on the tiny BERT and the packaged tweets."""
     cfg = {
         "name": "tiny-dept",
-        "model": {"name": "tiny-bert", "max_length": 16},
         # the test split cut too (the packaged one has 2,000 tweets: seconds to tokenize and
         # score in every search's driver); a test that needs it whole says so
-        "task": {
-            "name": "tweet_sentiment",
-            "max_train_examples": 160,
-            "max_eval_examples": 48,
-            "max_test_examples": 48,
-        },
-        "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
-        "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
+        **TINY_SEARCH,
         "space": {
             "method.lr_prompt": {"grid": [0.3, 0.5]},
             "method.lr_lowrank": {"grid": [1.0e-3]},

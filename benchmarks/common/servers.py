@@ -18,7 +18,7 @@ ends (also when the code inside fails):
 - :func:`mlflow_server`: ``mlflow server`` on a backend store, as a cluster's head runs it.
 
 Both stores start in seconds on this machine (measured 2026-11-27: PostgreSQL ~1.5 s, initdb
-included; moto ~1.5 s). benchmarks.platform_overhead starts PostgreSQL; the tests
+included; moto ~1.5 s). benchmarks.scale.platform_overhead starts PostgreSQL; the tests
 (tests/servers.py) start all three; a multi-node cluster test gives ``host`` an address the
 nodes reach. Where a server cannot start on this machine (PostgreSQL not installed, no
 ``postgres`` user to run it as when root) :class:`ServerUnavailable` says why, before anything

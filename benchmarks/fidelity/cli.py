@@ -66,7 +66,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import queue
@@ -80,6 +79,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from benchmarks.common.paths import RESULTS as RESULTS_FOLDER
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.tables import markdown_table
 from benchmarks.fidelity.plan import (
     CALIBRATION_TASKS,
@@ -237,35 +237,12 @@ def command_line(args: argparse.Namespace, mode: str = "") -> str:
     return shlex.join(words)
 
 
-class ResultStore:
+class ResultStore(ResultsFile):
     """The JSON-lines results file: read once, then one line appended per finished run."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.lines: list[dict] = []
-        text = path.read_text() if path.is_file() else ""
-        self.cut_short = bool(text) and not text.endswith("\n")  # interrupted mid-line
-        for line in text.splitlines():
-            try:
-                self.lines.append(json.loads(line))
-            except json.JSONDecodeError:  # the line an interruption cut short
-                continue
 
     def records(self, setting: Setting) -> Records:
         """The records of ``setting``, by run key."""
-        return records_of(self.lines, setting)
-
-    def append(self, record: dict) -> None:
-        """Write one record to disk before anything else happens."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            if self.cut_short:  # start a new line after the one cut short
-                f.write("\n")
-                self.cut_short = False
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.lines.append(record)
+        return records_of(self.rows(), setting)
 
 
 @dataclass(frozen=True)
@@ -502,7 +479,7 @@ def _needed_tasks(plan: Plan) -> tuple[str, ...]:
 def stored_setting(args, store: ResultStore) -> Setting | None:
     """The setting of these flags as the results file holds it (d read from a record's
     budget, so that --report needs no model)."""
-    for line in store.lines:
+    for line in store.rows():
         hidden = line.get("setting", {}).get("budget_params", 0) // args.budget_length
         setting = setting_of(args, hidden)
         if setting.fingerprint() == line.get("fingerprint"):

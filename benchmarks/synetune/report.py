@@ -18,7 +18,6 @@ over replays, and the Mann-Whitney U test's p::
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections import defaultdict
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.tables import markdown_table, right_aligned_after
 from benchmarks.synetune.curves import Quality, load
 from benchmarks.synetune.study import BUDGETS, OUT, REFERENCE, TABLES, digest
@@ -44,15 +44,13 @@ def read(out: Path, tables: list[Path] = TABLES) -> dict[tuple[str, str], dict[i
     rows: dict[tuple[str, str], dict[int, dict]] = defaultdict(dict)
     qualities = {digest(t): Quality.of(load(t)) for t in tables if Path(t).exists()}
     unknown: set[str] = set()
-    for line in out.read_text().splitlines():
-        if line.strip():
-            r = json.loads(line)
-            if r.get("reference") != REFERENCE:
-                if r["table_sha"] not in qualities:
-                    unknown.add(r["table"])
-                    continue
-                r = rescored(r, qualities[r["table_sha"]])
-            rows[(r["table"], r["method"])][r["replay"]] = r
+    for r in ResultsFile(out).rows():
+        if r.get("reference") != REFERENCE:
+            if r["table_sha"] not in qualities:
+                unknown.add(r["table"])
+                continue
+            r = rescored(r, qualities[r["table_sha"]])
+        rows[(r["table"], r["method"])][r["replay"]] = r
     if unknown:
         print(f"left out (their table changed since): {sorted(unknown)}", file=sys.stderr)
     return rows

@@ -26,11 +26,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import importlib.util
-import json
 import sys
 import tempfile
 from pathlib import Path
 
+from benchmarks.common.results import ResultsFile
 from benchmarks.synetune.curves import (
     Curves,
     Draw,
@@ -70,12 +70,9 @@ def digest(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def stored(out: Path) -> set[tuple[str, str, int]]:
-    """(method, table digest, replay) of every replay already in ``out``."""
-    if not out.exists():
-        return set()
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {(r["method"], r["table_sha"], r["replay"]) for r in rows}
+def replay_key(row: dict) -> tuple[str, str, int]:
+    """What a row replayed: (method, table digest, replay)."""
+    return (row["method"], row["table_sha"], row["replay"])
 
 
 def scored(curves: Curves, draw: Draw, points: list[tuple], workers: int) -> dict:
@@ -113,13 +110,13 @@ def raypeft_points(path: Path, method: str, index: int, workers: int) -> list[tu
 
 def run(tables: list[Path], methods: list[str], replays: int, out: Path) -> int:
     """Replay what is not stored yet; one JSON line per replay. Returns how many ran."""
-    done, ran = stored(out), 0
+    results, ran = ResultsFile(out, key=replay_key), 0
     for path in tables:
         curves, sha = load(path), digest(path)
         workers = curves.concurrency
         for method in methods:
             for i in range(replays):
-                if (method, sha, i) in done:
+                if results.done((method, sha, i)):
                     continue
                 spare = 1 if method == "raypeft-shipped" else 0
                 draw = Draw.of(curves, i, spare)
@@ -131,8 +128,7 @@ def run(tables: list[Path], methods: list[str], replays: int, out: Path) -> int:
                        "workers": workers, "date": datetime.date.today().isoformat(),
                        "reference": REFERENCE,
                        **scored(curves, draw, points, workers)}  # fmt: skip
-                with out.open("a") as f:
-                    f.write(json.dumps(row) + "\n")
+                results.append(row)
                 ran += 1
             print(f"{path.stem} {method}: {replays} replays stored in {out}", flush=True)
     return ran

@@ -38,7 +38,7 @@ PACK_MARGIN = 1.10  # a pack must beat the best sharing by this much to be chose
 CONTEXT_MIB = 500  # a process's CUDA context and kernels, not counted by the allocator
 PROBE_TIMEOUT_S = 300.0
 
-# benchmarks/results/gpu_share_h200.txt (benchmarks.gpu_step --share 1,2,4,8,16 on an H200,
+# benchmarks/results/gpu_share_h200.txt (benchmarks.device.gpu_step --share 1,2,4,8,16 on an H200,
 # bf16, batch 16 × 128 tokens): total samples/s of K trials sharing the GPU, PT per backbone,
 # with each backbone's layers × width² (encoder layers for T5) and kind.
 RECORDED_SHARING: dict[str, dict] = {

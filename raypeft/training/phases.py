@@ -5,7 +5,7 @@ model, data, steps, evaluations, checkpoints, reports) travel in every result it
 cumulative since the trial's function was entered, under ``phase_s/<name>``
 (:meth:`PhaseTimer.result`); the driver's share (MLflow records, Optuna's ask, reports and
 tell) is kept per trial by the objects that spend it (:func:`timed_phase`) and handed to the
-search's summary. ``benchmarks.trial_phases`` prints them as a table.
+search's summary. ``benchmarks.device.trial_phases`` prints them as a table.
 
 Only the standard library is imported: the training loop runs where Ray is absent.
 """

@@ -31,7 +31,7 @@ def dept_table_file(tmp_path):
     """A synthetic learning-curve table over the shipped DePT search's space (its 48
     configurations, seeds 0 and 1, the shipped evaluations), saved as ``raypeft table`` saves
     one; recorded two at a time."""
-    from benchmarks import replay_study
+    from benchmarks.search import replays
     from raypeft.config.loading import validate_experiment
     from raypeft.methods import BackboneDims
     from raypeft.search.simulate import CurveTable
@@ -41,7 +41,7 @@ def dept_table_file(tmp_path):
         "method.lr_lowrank": {"grid": LR_LOWRANK},
         "method.prompt_length": {"grid": LENGTHS},
     }
-    recorded = replay_study.search_with({}).model_dump(mode="json")
+    recorded = replays.search_with({}).model_dump(mode="json")
     recorded |= {"space": space, "search": {"sampler": "grid", "seeds": [0, 1], "num_samples": 96}}
     cfg = validate_experiment(recorded, "recorded.yaml")
     table = CurveTable(

@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "raypeft"
-BENCHMARKS = REPO / "benchmarks"  # a package too, run as python -m benchmarks.<study>
+BENCHMARKS = REPO / "benchmarks"  # a package too, run as python -m benchmarks.<folder>.<study>
 MAX_FUNCTION_LINES = 80
 # Absent on the GPU machines; the training core must neither import nor need them.
 ABSENT_ON_GPU_MACHINES = ("ray", "mlflow", "optuna", "datasets", "sklearn", "scipy")
@@ -123,13 +123,25 @@ def test_no_import_cycles_counting_function_level_imports():
 def test_benchmarks_common_imports_no_study():
     """What the studies share depends on none of them (a study imports common, not back)."""
     graph = import_graph(BENCHMARKS)
-    assert "benchmarks.common.tables" in graph["benchmarks.dept_vs_pt"]  # the graph sees them
+    assert "benchmarks.common.tables" in graph["benchmarks.search.peer_search"]  # it sees them
     wrong = {
         module: sorted(m for m in imported if not m.startswith("benchmarks.common"))
         for module, imported in graph.items()
         if module.startswith("benchmarks.common")
     }
     assert {m: i for m, i in wrong.items() if i} == {}
+
+
+def test_every_benchmark_lives_in_a_folder_the_contracts_name():
+    """benchmarks/ holds folders (common and one per subject), no study of its own, and the
+    import-linter contract that keeps the folders apart names every one of them."""
+    loose = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name != "__init__.py")
+    assert loose == [], f"studies outside a folder: {loose}"
+    folders = {p.parent.name for p in BENCHMARKS.glob("*/__init__.py")} - {"common"}
+    contracts = (REPO / "pyproject.toml").read_text()
+    layer = next(line for line in contracts.splitlines() if "benchmarks.scale |" in line)
+    named = {name.strip().removeprefix("benchmarks.") for name in layer.strip(' ",').split("|")}
+    assert named == folders
 
 
 def test_no_function_is_over_80_lines():
@@ -145,8 +157,9 @@ def test_no_function_is_over_80_lines():
 
 
 def test_benchmarks_edit_no_sys_path():
-    """Benchmarks import raypeft and each other as packages (``python -m benchmarks.<study>``
-    from the repository root), never by putting folders on ``sys.path``."""
+    """Benchmarks import raypeft and benchmarks.common as packages (``python -m
+    benchmarks.<folder>.<study>`` from the repository root), never by putting folders on
+    ``sys.path``."""
     edits = [
         f"{path.relative_to(REPO)}:{node.lineno}"
         for path in sorted(BENCHMARKS.rglob("*.py"))

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks import replay_study
 from benchmarks.common.searches import paths_from_here
+from benchmarks.search import replays
 
 
 def test_relative_data_paths_are_made_absolute_from_where_the_benchmark_started(
     tmp_path, monkeypatch
 ):
     monkeypatch.chdir(tmp_path)
-    cfg = replay_study.search_with({})
+    cfg = replays.search_with({})
     relative = cfg.model_copy(
         update={
             "task": cfg.task.model_copy(
@@ -28,6 +28,6 @@ def test_relative_data_paths_are_made_absolute_from_where_the_benchmark_started(
 
 
 def test_a_config_without_local_data_is_left_as_it_is():
-    cfg = replay_study.search_with({})
+    cfg = replays.search_with({})
     cfg = cfg.model_copy(update={"task": cfg.task.model_copy(update={"data_dir": None})})
     assert paths_from_here(cfg) == cfg

@@ -1,4 +1,4 @@
-"""benchmarks.budget_check on synthetic tables: a longer budget that keeps the order, one
+"""benchmarks.search.budget_check on synthetic tables: a longer budget that keeps the order, one
 that crowns another configuration, and curves that still rise at their last evaluation."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from benchmarks import budget_check
+from benchmarks.search import budget_check
 from raypeft.search.simulate import CurveTable
 
 

@@ -1,13 +1,13 @@
-"""benchmarks.choose_default's rule on replay rows whose held-out regrets are given: the
+"""benchmarks.search.choose_default's rule on replay rows whose held-out regrets are given: the
 leader, its ties (paired by replay), the cheapest of them, and the confirmation's verdict."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks import choose_default
 from benchmarks.common.paths import RESULTS
-from benchmarks.replay_study import shipped_setting
+from benchmarks.search import choose_default
+from benchmarks.search.replays import shipped_setting
 
 
 def row(heldout: list[float], steps: float) -> dict:

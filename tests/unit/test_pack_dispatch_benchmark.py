@@ -1,6 +1,7 @@
-"""``python -m benchmarks.pack_dispatch --smoke`` prints, for every method that packs and every
-K, the operators one pack step dispatches (in all and per phase), and the pack's time against
-its members stepping one after another. Structure only: no count or time is judged here."""
+"""``python -m benchmarks.device.pack_dispatch --smoke`` prints, for every method that packs
+and every K, the operators one pack step dispatches (in all and per phase), and the pack's time
+against its members stepping one after another. Structure only: no count or time is judged
+here."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import pack_dispatch
-from benchmarks.gpu_step import Setting
+from benchmarks.device import pack_dispatch
+from benchmarks.device.steps import Setting
 from raypeft.methods import METHODS
 from tests.helpers import run_benchmark
 
@@ -44,9 +45,11 @@ def _count(cell: str) -> int:
 
 @pytest.mark.slow
 def test_every_packing_method_and_k_gets_its_operator_count(tmp_path):
-    proc = run_benchmark("benchmarks.pack_dispatch", ["--smoke"], tmp_path, [REPO])
+    proc = run_benchmark("benchmarks.device.pack_dispatch", ["--smoke"], tmp_path, [REPO])
     out = proc.stdout
-    assert out.startswith("Command: python -m benchmarks.pack_dispatch --smoke\nMachine: CPU ")
+    assert out.startswith(
+        "Command: python -m benchmarks.device.pack_dispatch --smoke\nMachine: CPU "
+    )
 
     def setting_of(method: str) -> Setting:
         return Setting("tiny", method, "fp32", 2, 8, 10, 1, True)

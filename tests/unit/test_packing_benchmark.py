@@ -1,7 +1,7 @@
-"""``python -m benchmarks.packing`` runs where only torch, transformers, pydantic, tabulate and
-raypeft's training core are installed (the GPU machines): on the CPU, at a tiny setting, with
-Ray, MLflow, Optuna and datasets made unimportable in the benchmark's process and in
-the processes it starts."""
+"""``python -m benchmarks.device.packing`` runs where only torch, transformers, pydantic,
+tabulate and raypeft's training core are installed (the GPU machines): on the CPU, at a tiny
+setting, with Ray, MLflow, Optuna and datasets made unimportable in the benchmark's process and
+in the processes it starts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from tests.helpers import run_benchmark
 
 REPO = Path(__file__).resolve().parents[2]
-MODULE = "benchmarks.packing"
+MODULE = "benchmarks.device.packing"
 ABSENT_ON_GPU_MACHINES = ("ray", "mlflow", "optuna", "datasets")
 
 

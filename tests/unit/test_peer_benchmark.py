@@ -1,4 +1,4 @@
-"""benchmarks.peer_search's translation of a raypeft search file into the Hugging Face way:
+"""benchmarks.search.peer_search's translation of a raypeft search file into the Hugging Face way:
 the same space (through the space entries' own ``suggest``), the same pruning schedule."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import optuna
 
-from benchmarks import peer_search
+from benchmarks.search import peer_search
 from raypeft.config.loading import load_experiment
 
 PT = Path(__file__).resolve().parents[2] / "search_spaces" / "pt.yaml"

@@ -1,4 +1,4 @@
-"""benchmarks.platform_overhead at tiny sizes: every layer measured through the real Ray
+"""benchmarks.scale.platform_overhead at tiny sizes: every layer measured through the real Ray
 Tune, Optuna and (for raypeft) MLflow, one JSON line per cell, and a second run skips the
 cells the file holds (resumable)."""
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from benchmarks import platform_overhead
 from benchmarks.common.servers import ServerUnavailable
+from benchmarks.scale import platform_overhead
 
 
 @pytest.mark.slow

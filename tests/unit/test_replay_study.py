@@ -1,4 +1,4 @@
-"""benchmarks.replay_study on a synthetic table over the shipped DePT search's space (the
+"""benchmarks.search.replay_study on a synthetic table over the shipped DePT search's space (the
 ``dept_table_file`` fixture): every setting is a valid search, a row holds the simulation's
 figures, and an interrupted study skips what it already wrote."""
 
@@ -10,26 +10,26 @@ import sys
 
 import pytest
 
-from benchmarks import replay_study
+from benchmarks.search import replay_study, replays
 from raypeft.search.simulate import CurveTable
 
 
-@pytest.mark.parametrize("label", list(replay_study.SETTINGS))
+@pytest.mark.parametrize("label", list(replays.SETTINGS))
 def test_every_setting_is_a_valid_search(label):
-    cfg = replay_study.search_with(replay_study.SETTINGS[label])
-    if "space" not in replay_study.SETTINGS[label]:  # only search.* differs
-        assert cfg.space == replay_study.search_with({}).space
+    cfg = replays.search_with(replays.SETTINGS[label])
+    if "space" not in replays.SETTINGS[label]:  # only search.* differs
+        assert cfg.space == replays.search_with({}).space
 
 
 def test_the_shipped_file_is_one_of_the_settings():
     """What docs/search_efficiency.md says won is what search_spaces/dept.yaml ships."""
-    assert replay_study.shipped_setting() == "tpe-asha-loss-repeat3x1"
+    assert replays.shipped_setting() == "tpe-asha-loss-repeat3x1"
 
 
 @pytest.mark.slow
 def test_a_row_holds_the_simulations_figures(dept_table_file):
     table = CurveTable.load(dept_table_file)
-    row = replay_study.study_row("tpe-asha-loss", dept_table_file, table, 3, 0)
+    row = replays.study_row("tpe-asha-loss", dept_table_file, table, 3, 0)
     assert row["replays"] == 3 and row["goal"]["median_steps"] == row["steps"]["median"]
     assert 0 < row["steps"]["median"] < 1  # ASHA stops trials the grid runs to the end
     assert row["regret"]["q25"] <= row["regret"]["median"] <= row["regret"]["q75"]
@@ -38,9 +38,10 @@ def test_a_row_holds_the_simulations_figures(dept_table_file):
 def test_an_interrupted_study_skips_what_it_wrote(dept_table_file, tmp_path, monkeypatch, capsys):
     """Without --only a study replays only what is not stored, and prints the stored rows
     marked as such; --only replays what it names again and replaces the stored row."""
-    settings = {k: replay_study.SETTINGS[k] for k in ("tpe-asha-loss", "tpe-none", "random-none")}
+    settings = {k: replays.SETTINGS[k] for k in ("tpe-asha-loss", "tpe-none", "random-none")}
     monkeypatch.setattr(replay_study, "SETTINGS", settings)
     monkeypatch.setattr(replay_study, "shipped_setting", lambda: "tpe-none")
+    monkeypatch.setattr(replays, "shipped_setting", lambda: "tpe-none")  # its rows say it
     out = tmp_path / "study.jsonl"
     args = ["replay_study", "--table", str(dept_table_file), "--replays", "2", "--out", str(out)]
     monkeypatch.setattr(sys, "argv", [*args, "--only", "tpe-none"])
@@ -68,8 +69,8 @@ def test_rows_pair_by_replay_with_the_baseline(dept_table_file):
     """Replays of two settings see the same draws: the paired cell of a setting against
     itself is zero, and a row records each replay's held-out seed in rotation."""
     table = CurveTable.load(dept_table_file)
-    row = replay_study.study_row("tpe-none", dept_table_file, table, 3, 0)
-    again = replay_study.study_row("tpe-none", dept_table_file, table, 3, 0)
+    row = replays.study_row("tpe-none", dept_table_file, table, 3, 0)
+    again = replays.study_row("tpe-none", dept_table_file, table, 3, 0)
     assert row["heldout_seeds"] == [0, 1, 0]  # the synthetic table has seeds 0 and 1
     assert replay_study.paired_cell(row, again, "heldout").startswith("+0.00 [+0.00, +0.00]")
 

@@ -9,8 +9,8 @@ import statistics
 import numpy as np
 import pytest
 
-from benchmarks import replay_study
 from benchmarks.common.paths import RESULTS
+from benchmarks.search import replays as replay_rows
 from raypeft.search.simulate import CurveTable, Paired, simulate
 from raypeft.search.simulate.scores import Quality, Spread, hierarchical_interval
 
@@ -50,8 +50,8 @@ def test_picking_it_with_the_scoring_seed_inflated_held_out_regret_by_half_a_poi
 
 
 def stored(table: str, setting: str, replays: int, seed: int) -> dict:
-    digest = replay_study.digest(TABLES[table])
-    rows = [r for r in replay_study.read_rows(RESULTS / "replay_study.jsonl")
+    digest = replay_rows.digest(TABLES[table])
+    rows = [r for r in replay_rows.read_rows(RESULTS / "replay_study.jsonl")
             if r["table_digest"] == digest and r["setting"] == setting
             and r["replays"] == replays and r["seed"] == seed]  # fmt: skip
     assert len(rows) == 1
@@ -60,12 +60,12 @@ def stored(table: str, setting: str, replays: int, seed: int) -> dict:
 
 def test_a_row_stored_before_is_rescored_to_what_a_replay_gives_now():
     row = stored("subj", "tpe-asha-loss", 30, 0)
-    raw = next(r for r in replay_study.stored_rows(RESULTS / "replay_study.jsonl")
+    raw = next(r for r in replay_rows.stored_rows(RESULTS / "replay_study.jsonl")
                if r["table_digest"] == row["table_digest"] and r["setting"] == row["setting"]
                and r["replays"] == 30 and r["seed"] == 0)  # fmt: skip
-    assert "reference" not in raw and row["reference"] == replay_study.REFERENCE
+    assert "reference" not in raw and row["reference"] == replay_rows.REFERENCE
     table = CurveTable.load(TABLES["subj"])
-    search = replay_study.search_with(replay_study.SETTINGS["tpe-asha-loss"])
+    search = replay_rows.search_with(replay_rows.SETTINGS["tpe-asha-loss"])
     now = simulate(search, table, replays=4, seed=0)
     assert [s.heldout_seed for s in now.scores] == row["heldout_seeds"][:4]
     assert [s.heldout for s in now.scores] == pytest.approx(row["per_replay"]["heldout"][:4])
@@ -77,7 +77,7 @@ def test_the_hierarchical_interval_of_200_replays_is_as_wide_as_their_5_seeds():
     replays alone the interval excluded 0; drawn by seed first, it is twice as wide."""
     shipped = stored("tweets", "tpe-asha-loss-repeat3x1", 200, 3000)
     previous = stored("tweets", "tpe-none-repeat2x1", 200, 3000)
-    heldout = [replay_study.as_float(r["per_replay"]["heldout"]) for r in (shipped, previous)]
+    heldout = [replay_rows.as_float(r["per_replay"]["heldout"]) for r in (shipped, previous)]
     paired = Paired.of(*heldout, groups=shipped["heldout_seeds"])
     assert paired.seeds == 5 and paired.mean == pytest.approx(0.20, abs=0.01)
     assert paired.replay_ci[0] > 0  # "worse, interval just above 0" before

@@ -1,4 +1,4 @@
-"""benchmarks.simulation_check's real runs: the experiment it runs is the one ``raypeft
+"""benchmarks.search.simulation_check's real runs: the experiment it runs is the one ``raypeft
 simulate`` replays, with the real run's own seeds (none the table recorded), and a real run
 is placed among the replays figure by figure."""
 
@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from benchmarks import replay_study, simulation_check
+from benchmarks.search import simulation_check
+from benchmarks.search.replays import search_with
 from raypeft.config.loading import load_experiment
 from raypeft.search.simulate import CurveTable, replay_config, simulate
 
@@ -18,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_a_real_run_is_the_replayed_search_at_unrecorded_seeds(dept_table_file, tmp_path):
     table = CurveTable.load(dept_table_file)
-    search = replay_study.search_with({})
+    search = search_with({})
     overrides = ["task.max_test_examples=8"]
     cfg = simulation_check.real_config(search, table, 2, 100, overrides, tmp_path)
     replayed = replay_config(search, table, table.concurrency())
@@ -32,7 +33,7 @@ def test_a_real_run_is_the_replayed_search_at_unrecorded_seeds(dept_table_file, 
 
 def test_the_grid_figures_are_the_tables(dept_table_file):
     table = CurveTable.load(dept_table_file)
-    sim = simulate(replay_study.search_with({}), table, replays=3, concurrency=2)
+    sim = simulate(search_with({}), table, replays=3, concurrency=2)
     steps, wall = sim.grid_figures()
     assert steps == 48 * 160
     # 48 trials of 80 s (the synthetic curves' last wall time), two at a time
@@ -41,7 +42,7 @@ def test_the_grid_figures_are_the_tables(dept_table_file):
 
 def replays(table_file):
     """Four replays of the shipped search against the synthetic table."""
-    return simulate(replay_study.search_with({}), CurveTable.load(table_file), replays=4)
+    return simulate(search_with({}), CurveTable.load(table_file), replays=4)
 
 
 def report_of(sim, capsys, **figures) -> str:

@@ -7,7 +7,7 @@ import dataclasses
 
 import yaml
 
-from benchmarks.table_chunks import main
+from benchmarks.search.table_chunks import main
 from raypeft.config.loading import validate_experiment
 from raypeft.config.space import SEED_KEY
 from raypeft.search.simulate import CurveTable

@@ -1,5 +1,5 @@
-"""``python -m benchmarks.trial_phases --smoke`` runs a real two-trial search of the tiny BERT
-through raypeft's search and prints each phase of a trial, the first trial on an actor
+"""``python -m benchmarks.device.trial_phases --smoke`` runs a real two-trial search of the tiny
+BERT through raypeft's search and prints each phase of a trial, the first trial on an actor
 against the later one. Structure only: every phase present, every measured time a number >= 0
 (the last trial has no next one to wait for); no time is judged here."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.trial_phases import DRIVER_PHASES, GAP, SUMMARY_ROWS, TRIAL_PHASES
+from benchmarks.device.trial_phases import DRIVER_PHASES, GAP, SUMMARY_ROWS, TRIAL_PHASES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def _rows(stdout: str) -> list[list[str]]:
 def test_every_phase_of_the_first_and_a_later_trial_is_printed(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.trial_phases", "--smoke"],
+        [sys.executable, "-m", "benchmarks.device.trial_phases", "--smoke"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -42,7 +42,7 @@ def test_every_phase_of_the_first_and_a_later_trial_is_printed(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     out = proc.stdout
-    assert out.startswith("Command: python -m benchmarks.trial_phases --smoke\nMachine: ")
+    assert out.startswith("Command: python -m benchmarks.device.trial_phases --smoke\nMachine: ")
     assert "2 trials read, 1 on a reused actor" in out
     rows = _rows(out)
     assert [r[0] for r in rows] == [*TRIAL_PHASES, *DRIVER_PHASES, *SUMMARY_ROWS]

@@ -6,11 +6,11 @@ the MLflow store and Optuna study of an unfinished recording do not outlive the 
 does outlive it is the table ``raypeft table`` exports of the trials that ran to their end.
 This module continues a recording from such partial tables, with raypeft's own search:
 
-    python -m benchmarks.table_chunks rest benchmarks/results/table_dept_mr_partial.json \\
+    python -m benchmarks.search.table_chunks rest benchmarks/results/table_dept_mr_partial.json \\
         --tracking-uri sqlite:////tmp/rec/mlflow.db --out /tmp/rec/rest.yaml
     raypeft tune /tmp/rec/rest.yaml --tracking-uri sqlite:////tmp/rec/mlflow.db
     raypeft table dept-grid-mr --tracking-uri sqlite:////tmp/rec/mlflow.db --out /tmp/rec/b.json
-    python -m benchmarks.table_chunks merge benchmarks/results/table_dept_mr_partial.json \\
+    python -m benchmarks.search.table_chunks merge benchmarks/results/table_dept_mr_partial.json \\
         /tmp/rec/b.json --out benchmarks/results/table_dept_mr.json
 
 ``rest`` adds each recorded (configuration, seed) to the recording's Optuna study as a finished

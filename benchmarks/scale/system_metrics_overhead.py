@@ -19,8 +19,8 @@ What it measures
 
 Usage::
 
-    python -m benchmarks.system_metrics_overhead               # ~5 minutes on 2 cores
-    python -m benchmarks.system_metrics_overhead --rounds 6 --interval 0.5   # a stress test
+    python -m benchmarks.scale.system_metrics_overhead               # ~5 minutes on 2 cores
+    python -m benchmarks.scale.system_metrics_overhead --rounds 6 --interval 0.5   # a stress test
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ trial's checkpoint kept), averaged over the shared seeds. Printed:
 
 Usage::
 
-    python -m benchmarks.budget_check benchmarks/results/table_dept_mr.json \\
+    python -m benchmarks.search.budget_check benchmarks/results/table_dept_mr.json \\
         benchmarks/results/table_dept_mr240.json
 """
 

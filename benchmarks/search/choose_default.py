@@ -4,8 +4,9 @@ tables, then confirmed on a table the choice never saw and on fresh replays.
 The rule, fixed before the confirmation table was read:
 
 1. **Replays.** Every candidate is replayed ``--replays`` times at ``--seed`` against each
-   choice table (``benchmarks.replay_study``'s rows: read from its ``--out`` file where stored
-   for the same table, setting, replays, seed and draws, replayed and stored otherwise).
+   choice table (``benchmarks.search.replay_study``'s rows: read from its ``--out`` file
+   where stored for the same table, setting, replays, seed and draws; replayed and stored
+   otherwise).
 2. **Leader.** The candidate with the lowest held-out regret (the interquartile mean over
    replays of the chosen configuration's score on the seed the replay never saw), averaged
    over the choice tables.
@@ -42,7 +43,7 @@ every other seed of a 3-seed table is not a candidate.
 
 Usage::
 
-    python -m benchmarks.choose_default \\
+    python -m benchmarks.search.choose_default \\
         --choose benchmarks/results/table_dept_subj.json \\
         --choose benchmarks/results/table_dept_mr.json \\
         --confirm benchmarks/results/table_dept_tweets.json
@@ -52,14 +53,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.common.paths import RESULTS, digest
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.tables import print_table, right_aligned_after
-from benchmarks.replay_study import (
+from benchmarks.search.replays import (
     DRAWS,
     SETTINGS,
     as_float,
@@ -275,12 +276,8 @@ def declaration(chosen: str, shipped: str, sets: list[ConfirmationSet], rate: fl
 
 
 def ledger_entry(ledger: Path, declared: dict) -> dict | None:
-    if not ledger.exists():
-        return None
-    for line in ledger.read_text().splitlines():
-        if line.strip() and (entry := json.loads(line))["declared"] == declared:
-            return entry
-    return None
+    """The confirmation of ``declared`` the ledger holds, if one ran."""
+    return next((e for e in ResultsFile(ledger).rows() if e["declared"] == declared), None)
 
 
 def main() -> None:
@@ -396,9 +393,9 @@ def confirmation(args, parser, choice: Choice, chosen_on: list[dict], labels: li
     judged = confirm(margins, sets, shipped)
     passes = entry["passes"] if entry else judged  # a confirmation is judged once
     if entry is None:
-        with args.ledger.open("a") as f:
-            f.write(json.dumps({"declared": declared, "date": datetime.date.today().isoformat(),
-                                "passes": passes}) + "\n")  # fmt: skip
+        ResultsFile(args.ledger).append(
+            {"declared": declared, "date": datetime.date.today().isoformat(), "passes": passes}
+        )
     info = {s.name: rows_for(s.table, compared, s.replays, s.seed, args.out) for s in fresh}
     print(
         f"\nFor information, fresh replays of the choice tables ({confirm_replays} each; "

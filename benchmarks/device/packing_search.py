@@ -19,15 +19,15 @@ lengths m are padded to the pack's longest); the best trial's validation and tes
 ``--set k=v`` applies overrides to both searches as ``raypeft tune --set`` does, e.g. a tiny
 run to check it starts:
 
-    .venv/bin/python -m benchmarks.packing_search \\
+    .venv/bin/python -m benchmarks.device.packing_search \\
         --set train.max_steps=4 --set train.eval_every=2 --set search.num_samples=4
 
 Absolute numbers depend on the (shared, 2-core) machine; read the ratios.
 
 How to run
 ----------
-    .venv/bin/python -m benchmarks.packing_search              # ~30 min on 2 cores
-    .venv/bin/python -m benchmarks.packing_search --k 2 --rounds 2
+    .venv/bin/python -m benchmarks.device.packing_search              # ~30 min on 2 cores
+    .venv/bin/python -m benchmarks.device.packing_search --k 2 --rounds 2
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@ the pack's step time against the same members stepping one after another.
 
 The yardstick of fusing a pack (issue 56: the members' per-member work as batched tensor
 operations, so that a step's number of operators does not depend on K). For every registered
-method whose tiny setting (:data:`benchmarks.gpu_step.TINY_METHODS`) can pack on the backbone
-(:func:`raypeft.modeling.packed.packable`) and each K, a pack of K members is built as
-:mod:`benchmarks.packing` builds one (:func:`benchmarks.packing.build_pack`: one frozen
-backbone with random weights, K members each with its own method tensors, head, AdamW,
+method whose tiny setting (:data:`benchmarks.device.steps.TINY_METHODS`) can pack on the
+backbone (:func:`raypeft.modeling.packed.packable`) and each K, a pack of K members is built as
+:mod:`benchmarks.device.packing` builds one (:func:`benchmarks.device.steps.build_pack`: one
+frozen backbone with random weights, K members each with its own method tensors, head, AdamW,
 schedule and clipping), stepped once to warm up, then one step of
 :func:`raypeft.training.pack.packed_step` is counted: every ATen operator it dispatches, split
 
@@ -34,9 +34,9 @@ stepping one after another in this process (each alone, through its own model:
 :func:`benchmarks.common.training.training_step`, the training loop's step), alternating
 which goes first, the median of ``--repeats`` each; the ratio is pack ÷ sequential.
 
-    python -m benchmarks.pack_dispatch                      # every method, K = 1, 2, 4, 8, 16
-    python -m benchmarks.pack_dispatch --methods pt,dept --ks 1,2 --time-k 2 --repeats 3
-    python -m benchmarks.pack_dispatch --smoke              # seconds: the test's size
+    python -m benchmarks.device.pack_dispatch                 # every method, K = 1, 2, 4, 8, 16
+    python -m benchmarks.device.pack_dispatch --methods pt,dept --ks 1,2 --time-k 2 --repeats 3
+    python -m benchmarks.device.pack_dispatch --smoke         # seconds: the test's size
 """
 
 from __future__ import annotations
@@ -53,12 +53,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # why: the documented mode class
 from transformers import AutoConfig
 
-from benchmarks import gpu_step
 from benchmarks.common.machine import cpu_name, load_note
 from benchmarks.common.tables import markdown_table, right_aligned_after
 from benchmarks.common.training import Trainee, training_step
-from benchmarks.gpu_step import Setting
-from benchmarks.packing import build_pack
+from benchmarks.device import steps
+from benchmarks.device.steps import Setting, build_pack
 from raypeft.methods import METHODS, BackboneDims
 from raypeft.modeling.backbones import backbone_dims
 from raypeft.modeling.packed import PackedBackbone, packable
@@ -251,7 +250,7 @@ def time_against_sequential(
 
 def _dims(setting: Setting) -> BackboneDims:
     """The backbone's facts, from its config alone (nothing built)."""
-    spec = dict(gpu_step.BACKBONES[setting.backbone])
+    spec = dict(steps.BACKBONES[setting.backbone])
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     return backbone_dims(config, setting.seq_len)
 
@@ -261,14 +260,14 @@ def packing_methods(names: Sequence[str], setting_of) -> dict[str, str | None]:
     search decides it (:func:`raypeft.modeling.packed.packable`), on this backbone."""
     why = {}
     for name in names:
-        if name not in gpu_step.TINY_METHODS or name not in gpu_step.METHODS:
-            why[name] = "no setting in benchmarks.gpu_step's METHODS"
+        if name not in steps.TINY_METHODS or name not in steps.METHODS:
+            why[name] = "no setting in benchmarks.device.steps' METHODS"
             continue
         setting = setting_of(name)
-        why[name] = gpu_step.applicable(setting, CPU)
+        why[name] = steps.applicable(setting, CPU)
         if why[name] is None:
             dims = _dims(setting)
-            why[name] = packable(gpu_step.experiment(setting).method.resolve(dims), dims.kind)
+            why[name] = packable(steps.experiment(setting).method.resolve(dims), dims.kind)
     return why
 
 
@@ -276,7 +275,7 @@ def measure(setting: Setting, k: int, time_k: int, repeats: int) -> dict:
     """One pack of K: its step's operators after a warm-up step, its first member's alone,
     and (at ``time_k``) its step time against the same members stepping one after another."""
     pack, learners = build_pack(setting, k, CPU)
-    batches = [gpu_step.random_batch(x.model, setting, CPU) for x in learners]
+    batches = [steps.random_batch(x.model, setting, CPU) for x in learners]
     packed_step(pack, learners, batches)  # warm-up: lazy state (AdamW's moments) is built
     row = {"method": setting.method, "k": k, "ops": count_step(pack, learners, batches)}
     row["alone"] = count_alone(learners[0], batches[0])
@@ -378,7 +377,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ks", default=",".join(map(str, KS)), help="pack sizes K")
     p.add_argument("--time-k", type=int, default=8, help="the K whose step is timed")
     p.add_argument("--repeats", type=int, default=50, help="timed steps of each (0: no timing)")
-    p.add_argument("--backbone", default="tiny", help="gpu_step.BACKBONES' (tiny: tiny methods)")
+    p.add_argument("--backbone", default="tiny", help="steps.BACKBONES' (tiny: tiny methods)")
     p.add_argument("--batch-size", type=int, default=8, help="each member's batch")
     p.add_argument("--seq-len", type=int, default=32, help="input tokens (prompts come on top)")
     p.add_argument("--threads", type=int, default=1, help="torch's CPU threads")
@@ -400,7 +399,8 @@ def main(argv: list[str] | None = None, say=print) -> list[dict]:
         return Setting(args.backbone, method, "fp32", args.batch_size, args.seq_len, STEPS, 1, tiny)
 
     skipped = packing_methods(args.methods.split(","), setting_of)
-    say(f"Command: python -m benchmarks.pack_dispatch {' '.join(argv or sys.argv[1:])}".rstrip())
+    given = " ".join(argv or sys.argv[1:])
+    say(f"Command: python -m benchmarks.device.pack_dispatch {given}".rstrip())
     say(f"Machine: CPU {cpu_name()}, {args.threads} thread(s), torch {torch.__version__}")
     say(
         f"Backbone {args.backbone} (random weights), fp32; each member: batch "

@@ -1,7 +1,7 @@
 """The prepared run for a lent GPU: what has never been measured on one, first, each step's
 output written to ``$OUT`` as it goes (docs/performance.md, "On a GPU machine").
 
-    a. ``benchmarks.packing`` at K = 8, 16, 1, 2, 4 for DePT and PT on MiniLM's shape and
+    a. ``benchmarks.device.packing`` at K = 8, 16, 1, 2, 4 for DePT and PT on MiniLM's shape and
        RoBERTa-base's (random weights): a pack stepped member by member, fused and (K = 8, 16)
        fused and compiled, against K fractional-GPU trials and K sequential trials: trials per
        hour, peak memory, TFLOP/s and its share of the GPU's bf16 peak;
@@ -9,10 +9,10 @@ output written to ``$OUT`` as it goes (docs/performance.md, "On a GPU machine").
        Optuna), once with the file's resources (``use_gpu: true`` while the file says
        ``false``) and once with one trial per GPU: wall time, trial-steps per second, the
        champion's test accuracy, read back from MLflow;
-    c. ``benchmarks.peer_search`` (raypeft against ``Trainer.hyperparameter_search``);
+    c. ``benchmarks.search.peer_search`` (raypeft against ``Trainer.hyperparameter_search``);
     d. with the time left: the recorded DePT grid on MR (benchmarks/results/table_dept_mr.json)
        in packs, exported as a learning-curve table.
-    e. only where asked for (``--steps e``): ``benchmarks.trial_phases``, where a trial's
+    e. only where asked for (``--steps e``): ``benchmarks.device.trial_phases``, where a trial's
        seconds go (tiny BERT, then dept.yaml's MiniLM DePT, short trials one at a time on a
        reused actor), the first trial against the later ones.
 
@@ -225,7 +225,7 @@ def step_a(run: Run, log: StepLog, started: float) -> None:
                 "--ks", "8,16,1,2,4", "--compiled-ks", "8,16",
                 "--steps", "10", "--warmup", "3"]  # fmt: skip
     run_command(
-        log, [sys.executable, "-m", "benchmarks.packing", *args], run.limit("a", started),
+        log, [sys.executable, "-m", "benchmarks.device.packing", *args], run.limit("a", started),
         REPO, run.env,
     )  # fmt: skip
 
@@ -347,7 +347,7 @@ def step_c(run: Run, log: StepLog, started: float) -> None:
         if run.cpu
         else ["resources.use_gpu=true"]
     )  # fmt: skip
-    argv = [sys.executable, "-m", "benchmarks.peer_search", "--variants", "raypeft,peer"]
+    argv = [sys.executable, "-m", "benchmarks.search.peer_search", "--variants", "raypeft,peer"]
     for item in sets:
         argv += ["--set", item]
     run_command(log, argv, run.limit("c", started), run.work, run.env)
@@ -420,7 +420,8 @@ def step_d(run: Run, log: StepLog, started: float) -> None:
 
 def step_e(run: Run, log: StepLog, started: float) -> None:
     """Where a trial's seconds go: the first trial on an actor against the later ones."""
-    argv = [sys.executable, "-m", "benchmarks.trial_phases", *(["--smoke"] if run.cpu else [])]
+    smoke = ["--smoke"] if run.cpu else []
+    argv = [sys.executable, "-m", "benchmarks.device.trial_phases", *smoke]
     run_command(log, argv, run.limit("e", started), run.work, run.env)
 
 
@@ -431,7 +432,7 @@ STEPS: dict[str, tuple[str, str, Callable[[Run, StepLog, float], None]]] = {
     "b": ("b_tune_dept.md", "b. raypeft tune search_spaces/dept.yaml on this device", step_b),
     "c": ("c_peer_search.md", "c. raypeft against Trainer.hyperparameter_search", step_c),
     "d": ("d_mr_grid.md", "d. the DePT grid on MR in packs (a learning-curve table)", step_d),
-    "e": ("e_trial_phases.md", "e. where a trial's seconds go (benchmarks.trial_phases)", step_e),
+    "e": ("e_trial_phases.md", "e. where a trial's seconds go (device.trial_phases)", step_e),
 }
 
 

@@ -1,8 +1,8 @@
 """What a user runs after a big search, timed at 1,000 runs (issue 41, item 4).
 
 One search of ``--trials`` zero-time replayed trials (``resources.trial_runner: replay``, the
-table and experiment of :mod:`benchmarks.platform_overhead`, 8 at a time) runs through the real
-``raypeft tune`` into ``--work``; then each command a user runs after it is timed as the user
+table and experiment of :mod:`benchmarks.scale.platform_overhead`, 8 at a time) runs through the
+real ``raypeft tune`` into ``--work``; then each command a user runs after it is timed as the user
 runs it, a subprocess on that store:
 
 - ``raypeft report`` (figures, report.html, trials.csv, logged to the parent run);
@@ -14,7 +14,7 @@ runs it, a subprocess on that store:
 Each measurement appends one JSON line to ``--out`` as it ends; a command already there for
 this number of trials is skipped, and a finished search in ``--work`` is reused (resumable).
 
-    python -m benchmarks.after_search --trials 1000 --work /tmp/after-search
+    python -m benchmarks.scale.after_search --trials 1000 --work /tmp/after-search
 
 Time it alone on the machine: a run beside other work is not a timing.
 """
@@ -35,8 +35,9 @@ from typing import Any
 import yaml
 
 from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.servers import free_port
-from benchmarks.platform_overhead import TINY, VALUES, replay_table
+from benchmarks.common.tiny_search import REPLAYED, replay_space, replay_table
 
 RAYPEFT = str(Path(sys.executable).with_name("raypeft"))
 NAME = "after-search"
@@ -53,8 +54,8 @@ def experiment(trials: int, work: Path) -> dict[str, Any]:
     """The search: platform_overhead's raypeft cell at C=8, in ``work``'s sqlite stores."""
     return {
         "name": NAME,
-        **TINY,
-        "space": {k: {"choice": VALUES} for k in ("method.lr_prompt", "method.lr_lowrank")},
+        **REPLAYED,
+        "space": replay_space(),
         "search": {
             "num_samples": trials,
             "sampler": "random",
@@ -179,11 +180,9 @@ def ui(work: Path) -> dict[str, Any]:
 STEPS = {"report": report, "table": table, "predict": predict, "ui": ui}
 
 
-def done(out: Path, trials: int) -> set[str]:
-    if not out.exists():
-        return set()
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return {r["command"] for r in rows if r["trials"] == trials and "error" not in r}
+def measured(row: dict[str, Any]) -> tuple[int, str] | None:
+    """What a row measured (a command at a number of trials); None for a failed one."""
+    return None if "error" in row else (row["trials"], row["command"])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,28 +193,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default=",".join(COMMANDS), help="commands, comma-separated")
     args = parser.parse_args(argv)
     work = args.work / str(args.trials)
-    finished = done(args.out, args.trials)
-    wanted = [c for c in args.only.split(",") if c not in finished]
+    results = ResultsFile(args.out, key=measured)
+    wanted = [c for c in args.only.split(",") if not results.done((args.trials, c))]
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
     steps = [c for c in wanted if c != "tune"]
     if wanted and not searched(work):  # every command reads the search's store
-        _append(args.out, args.trials, commit, {"command": "tune", **tune(args.trials, work)})
+        _append(results, args.trials, commit, {"command": "tune", **tune(args.trials, work)})
     for command in steps:
         try:
             row = {"command": command, **STEPS[command](work)}
         except Exception as exc:  # noqa: BLE001  (a failing step is recorded, the rest go on)
             row = {"command": command, "error": str(exc)[:500]}
-        _append(args.out, args.trials, commit, row)
+        _append(results, args.trials, commit, row)
 
 
-def _append(out: Path, trials: int, commit: str, row: dict[str, Any]) -> None:
+def _append(results: ResultsFile, trials: int, commit: str, row: dict[str, Any]) -> None:
     row = {"trials": trials, "commit": commit, "date": time.strftime("%Y-%m-%d"), **row}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("a") as stream:
-        stream.write(json.dumps(row) + "\n")
-    print(json.dumps(row), flush=True)
+    print(json.dumps(results.append(row)), flush=True)
 
 
 if __name__ == "__main__":

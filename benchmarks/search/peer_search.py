@@ -19,7 +19,8 @@ variants do):
   reads the mean of the input's own tokens (``model.head_pooling: auto``);
 - fp32 on the CPU (the Trainer's default); raypeft's ``train.precision: auto`` is fp32 on a
   CPU too unless it has AMX (bf16 on a GPU of compute capability 8 or more). Where torch sees a
-  GPU both train on it (the peer in fp32, its default there too; ``benchmarks.gpu_run``, step c);
+  GPU both train on it (the peer in fp32, its default there too;
+  ``benchmarks.device.gpu_run``, step c);
 - trials one at a time, each with every core (``study.optimize`` runs them in turn); raypeft
   runs as many at once as fit, each with one core;
 - the best trial's hyperparameters are trained again to get a model (``hyperparameter_search``
@@ -34,8 +35,9 @@ AVX512-BF16 CPU until 2026-11-26) and ``peer-bf16`` (the peer with
 
 Usage::
 
-    python -m benchmarks.peer_search
-    python -m benchmarks.peer_search --variants raypeft,peer,peer-two-rates --set train.max_steps=80
+    python -m benchmarks.search.peer_search
+    python -m benchmarks.search.peer_search --variants raypeft,peer,peer-two-rates \\
+        --set train.max_steps=80
 """
 
 from __future__ import annotations
@@ -266,7 +268,7 @@ def training_arguments(cfg, folder: Path, bf16: bool = False):
         logging_strategy="no",
         report_to=[],
         seed=train.seed,
-        use_cpu=not torch.cuda.is_available(),  # the GPU where there is one (benchmarks.gpu_run)
+        use_cpu=not torch.cuda.is_available(),  # the GPU where there is one (device/gpu_run)
         bf16=bf16,
         disable_tqdm=True,
     )

@@ -29,8 +29,8 @@ What each phase is, and who measures it (:mod:`raypeft.training.phases`):
 
 The test split is scored once per search, by the driver (``test split``, under the table).
 
-    python -m benchmarks.trial_phases              # tiny and dept, 4 trials each (minutes)
-    python -m benchmarks.trial_phases --smoke      # tiny, 2 short trials: the structure
+    python -m benchmarks.device.trial_phases              # tiny and dept, 4 trials each (minutes)
+    python -m benchmarks.device.trial_phases --smoke      # tiny, 2 short trials: the structure
 
 Runs on a CPU here and on a GPU machine unchanged where Ray, MLflow and Optuna are installed
 (``resources.use_gpu: auto``). A shared machine makes the times indicative.
@@ -51,6 +51,7 @@ from benchmarks.common.machine import cpu_name, load_note
 from benchmarks.common.paths import SHIPPED_SEARCH
 from benchmarks.common.searches import experiment_in, phases_line, quiet_and_local, timed_search
 from benchmarks.common.tables import print_table, right_aligned_after
+from benchmarks.common.tiny_search import TINY_SEARCH
 
 # the trial's own phases, in the order a trial passes through them
 TRIAL_PHASES = (
@@ -90,16 +91,8 @@ SIZES = {  # trials, steps, eval_every
     "default": {"tiny": (4, 12, 4), "dept": (4, 20, 10)},
 }
 
-TINY = {  # the tests' tiny search (tests/helpers.py TINY_SEARCH_BASE), its space searched
-    "model": {"name": "tiny-bert", "max_length": 16},
-    "task": {
-        "name": "tweet_sentiment",
-        "max_train_examples": 160,
-        "max_eval_examples": 48,
-        "max_test_examples": 48,
-    },
-    "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
-    "train": {"batch_size": 8, "head_lr": 0.01},
+TINY = {  # the tiny search, its space searched (steps and evaluations set per size below)
+    **TINY_SEARCH,
     "space": {"method.lr_prompt": {"choice": [0.1, 0.2, 0.3, 0.4]}},
     "search": {"sampler": "random"},
 }
@@ -256,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = SIZES["smoke" if args.smoke else "default"]
     cases = args.cases.split(",") if args.cases else list(sizes)
     given = " ".join(argv if argv is not None else sys.argv[1:])
-    print(f"Command: python -m benchmarks.trial_phases {given}".rstrip(), flush=True)
+    print(f"Command: python -m benchmarks.device.trial_phases {given}".rstrip(), flush=True)
     print(machine_line(), flush=True)
     for case in cases:
         with tempfile.TemporaryDirectory(prefix=f"phases-{case}-") as tmp:

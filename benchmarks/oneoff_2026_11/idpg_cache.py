@@ -25,8 +25,8 @@ costs once per experiment) against the per-step saving times the steps of one se
 
 Usage::
 
-    python -m benchmarks.idpg_cache                  # ~3 minutes on 2 cores
-    python -m benchmarks.idpg_cache --steps 60 --max-length 128 --threads 2
+    python -m benchmarks.oneoff_2026_11.idpg_cache                  # ~3 minutes on 2 cores
+    python -m benchmarks.oneoff_2026_11.idpg_cache --steps 60 --max-length 128 --threads 2
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Trial packing at the step level: trials per hour and peak memory of a pack of K trials on one
 frozen backbone against K separate trials sharing the same hardware, per method, at real shapes.
 
-Backbones and methods are :mod:`benchmarks.gpu_step`'s (random weights built from the real
+Backbones and methods are :mod:`benchmarks.device.steps`' (random weights built from the real
 configs: nothing is downloaded; a step's time and memory do not depend on the weights'
 values), inputs random token ids of the full ``--seq-len``. For each backbone, method and K,
 every measurement in a fresh process (so that its peak memory is its own), started in this
@@ -12,7 +12,7 @@ one run:
   (:func:`raypeft.training.pack.packed_step`: the K batches in one forward and backward
   pass, then each member's own optimizer step), with every thread / the whole GPU;
 - separate: K processes, each one trial stepping alone (the training loop's own step, as
-  :mod:`benchmarks.gpu_step` times it), started together and stepping concurrently: on a CPU
+  :mod:`benchmarks.device.gpu_step` times it), started together and stepping concurrently: on a CPU
   each with ``threads // K`` threads, as Ray gives each trial its share of the cores; on a GPU
   all on the one device, as K trials of ``gpus_per_worker: 1/K`` (fractional GPUs) run.
 
@@ -26,8 +26,8 @@ length are padded to the longest (raypeft.modeling.packed.PackShape.padding_wast
 It imports only torch, transformers, pydantic and raypeft's training core (no Ray, MLflow,
 Optuna or datasets), so it runs on a GPU machine that has none of them.
 
-    python -m benchmarks.packing                                  # everything, on the GPU if any
-    python -m benchmarks.packing --backbones minilm --methods pt --ks 1,2,4 --seq-len 64
+    python -m benchmarks.device.packing                           # everything, on the GPU if any
+    python -m benchmarks.device.packing --backbones minilm --methods pt --ks 1,2,4 --seq-len 64
 """
 
 from __future__ import annotations
@@ -38,45 +38,21 @@ import os
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from benchmarks import gpu_step
 from benchmarks.common.devices import device_line, pick_device
 from benchmarks.common.processes import measure_together, together
 from benchmarks.common.tables import markdown_table, right_aligned_after
-from benchmarks.gpu_step import Setting, say_flushed, timed_span
-from raypeft.modeling.backbones import Backbone
-from raypeft.modeling.packed import PackedBackbone, shared_copy
-from raypeft.modeling.precision import backbone_dtype, cast_frozen, resolve_precision
-from raypeft.modeling.prompted import PromptedModel
+from benchmarks.device import steps
+from benchmarks.device.steps import Setting, build_pack, say_flushed, timed_span
+from raypeft.modeling.packed import PackedBackbone
+from raypeft.modeling.precision import resolve_precision
 from raypeft.training.fused import FusedPack, fusing_refusal
-from raypeft.training.pack_step import Learner, packed_step
+from raypeft.training.pack_step import packed_step
 
-BACKBONES = ["minilm", "roberta-base"]  # MiniLM and base size (gpu_step has more)
+BACKBONES = ["minilm", "roberta-base"]  # MiniLM and base size (steps has more)
 KS = [1, 2, 4, 8, 16]
 
 
 # ----------------------------------------------------------------------------- one pack
-
-
-def build_pack(setting: Setting, k: int, device: torch.device) -> tuple[PackedBackbone, list]:
-    """One frozen backbone (random weights, in the precision's layout) and K members on it,
-    each with its own modules, head, method tensors and optimizer, as trials have them."""
-    cfg = gpu_step.experiment(setting)
-    base = gpu_step.build_backbone(setting.backbone, setting.seq_len, device)
-    cast_frozen(base.model, backbone_dtype(setting.precision, device))
-    learners = []
-    for index in range(k):
-        model = shared_copy(base.model)  # new modules over the same frozen tensors
-        head = [p for p in model.parameters() if p.requires_grad]
-        torch.manual_seed(cfg.train.seed + index)
-        member = PromptedModel(Backbone(model, base.dims, head), cfg.method).to(device)
-        member.precision = setting.precision
-        member.train()
-        learners.append(Learner.of(member, cfg, device))
-    pack = PackedBackbone(shared_copy(base.model), base.dims.kind, setting.precision)
-    del base  # the pack and the members hold the frozen tensors
-    for learner in learners:
-        pack.check_member(learner.model)
-    return pack, learners
 
 
 def pack_stepper(pack: PackedBackbone, learners: list, way: str, batch_size: int):
@@ -99,7 +75,7 @@ def time_pack(
     """Build a pack of K members, step it ``warmup`` times (a compiled pack compiles then),
     count one step's floating-point operations (eager ways), then time ``steps`` steps."""
     pack, learners = build_pack(setting, k, device)
-    batches = [gpu_step.random_batch(x.model, setting, device) for x in learners]
+    batches = [steps.random_batch(x.model, setting, device) for x in learners]
     step = pack_stepper(pack, learners, way, setting.batch_size)
     for _ in range(setting.warmup):
         step(batches)
@@ -124,7 +100,7 @@ def _worker(kind: str, setting: Setting, k: int, device: str, threads: int, barr
     if kind in WAYS:
         results.put(time_pack(setting, k, torch.device(device), barrier, kind))
     else:
-        results.put(gpu_step.time_steps(setting, torch.device(device), barrier))
+        results.put(steps.time_steps(setting, torch.device(device), barrier))
 
 
 def run(kind: str, setting: Setting, device: torch.device, k: int, threads: int) -> dict:
@@ -219,7 +195,7 @@ def table(
     peak = peak_tflops(device)
     rows, cells = [], []
     for setting in settings:
-        why = gpu_step.applicable(setting, device)
+        why = steps.applicable(setting, device)
         if why:
             cells.append([setting.backbone, setting.method, setting.precision, f"n/a: {why}"])
             continue
@@ -270,8 +246,8 @@ def parse_ways(args: argparse.Namespace) -> dict[str, list[int]]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--backbones", default=",".join(BACKBONES), help="from gpu_step.BACKBONES")
-    p.add_argument("--methods", default=",".join(gpu_step.METHODS))
+    p.add_argument("--backbones", default=",".join(BACKBONES), help="from steps.BACKBONES")
+    p.add_argument("--methods", default=",".join(steps.METHODS))
     p.add_argument("--precision", default="auto", help="auto: bf16 where the hardware is fast")
     p.add_argument("--ks", default=",".join(map(str, KS)), help="pack sizes K")
     p.add_argument("--batch-size", type=int, default=16, help="each trial's batch")

@@ -40,10 +40,11 @@ beside what the replays predict for the same two files (paired, hierarchical int
 
 Usage::
 
-    python -m benchmarks.simulation_check --table benchmarks/results/table_dept_subj.json \\
+    python -m benchmarks.search.simulation_check --table benchmarks/results/table_dept_subj.json \\
         --set task.data_dir=../shared/data/subj --runs 3
     git show 538285c:search_spaces/dept.yaml > /tmp/dept_previous.yaml   # the search before
-    python -m benchmarks.simulation_check --table benchmarks/results/table_dept_tweets.json \\
+    python -m benchmarks.search.simulation_check \\
+        --table benchmarks/results/table_dept_tweets.json \\
         --runs 6 --pair /tmp/dept_previous.yaml --chunk 2   # again until 6 pairs are stored
 """
 
@@ -60,6 +61,7 @@ import optuna
 import yaml
 
 from benchmarks.common.paths import REPO, RESULTS, digest
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.searches import quiet_and_local, timed_search
 from benchmarks.common.tables import print_table
 from raypeft.config.dotted import set_dotted
@@ -170,11 +172,12 @@ def main(argv: list[str] | None = None) -> None:
     ]
     grid_steps, grid_wall = sims[0].grid_figures()  # each real run is scored against these
     keys = [run_key(args.table, space, args.train_seed) for space in spaces]
-    runs = [done_runs(args.out, key) for key in keys]
+    results = ResultsFile(args.out, key=lambda r: (r["key"], r["k"]))
+    runs = [[r for r in results.rows() if r["key"] == key] for key in keys]
     started = 0
     for k in range(args.runs):
         for search, key, done in zip(searches, keys, runs, strict=True):
-            if any(r["k"] == k for r in done):
+            if results.done((key, k)):
                 continue
             if args.chunk is not None and started >= args.chunk:
                 break
@@ -185,9 +188,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"train.seed {cfg.train.seed}", flush=True)  # fmt: skip
                 row = {"key": key, "k": k}
                 row |= real_run(cfg, table, sims[0].quality, grid_steps, grid_wall, Path(tmp))
-            with args.out.open("a") as out:
-                out.write(json.dumps(row) + "\n")
-            done.append(row)
+            done.append(results.append(row))
             print(f"real run {k}: {json.dumps(row)}", flush=True)
     for space, sim, done in zip(spaces, sims, runs, strict=True):
         report(sim, done, argparse.Namespace(space=space, table=args.table), grid_steps,
@@ -284,10 +285,8 @@ def settings_digest(path: Path) -> str:
 
 
 def done_runs(out: Path, key: str) -> list[dict]:
-    if not out.exists():
-        return []
-    rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    return [r for r in rows if r["key"] == key]
+    """The real runs ``out`` holds for ``key`` (a resumed check skips them)."""
+    return [r for r in ResultsFile(out).rows() if r["key"] == key]
 
 
 def report(sim, runs: list[dict], args, grid_steps: int, grid_wall: float) -> None:

@@ -15,7 +15,7 @@ Stores: ``sqlite`` (embedded files) or ``postgres`` (a real server this benchmar
 :mod:`benchmarks.common.servers`; one fresh database per cell for MLflow and one for Optuna;
 where PostgreSQL cannot run, one line says why before any cell runs, exit code 2).
 
-    python -m benchmarks.platform_overhead --sizes 10,100,1000 --concurrency 2,8,32 \\
+    python -m benchmarks.scale.platform_overhead --sizes 10,100,1000 --concurrency 2,8,32 \\
         --stores sqlite,postgres --out benchmarks/results/platform_overhead.jsonl
 
 Time it alone on the machine: a run beside other work is not a timing.
@@ -37,29 +37,16 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.paths import REPO, RESULTS
+from benchmarks.common.results import ResultsFile
 from benchmarks.common.servers import ServerUnavailable, postgres_runnable, postgres_server
+from benchmarks.common.tiny_search import REPLAY_STEPS, REPLAYED, VALUES, replay_space, replay_table
 
 LAYERS = ("tune", "tune_optuna", "raypeft")
 NAME = "overhead"  # the raypeft layer's experiment
-STEPS = [4, 8, 12]  # three evaluations per trial (the tiny search's train.max_steps 12)
-VALUES = [round(0.1 * i, 1) for i in range(1, 11)]  # ten values per searched key
-TINY = {
-    "model": {"name": "tiny-bert", "max_length": 16},
-    "task": {"name": "tweet_sentiment", "max_train_examples": 160, "max_eval_examples": 48},
-    "method": {"name": "dept", "budget_prompt_length": 10, "prompt_length": 4},
-    "train": {"max_steps": 12, "eval_every": 4, "batch_size": 8, "head_lr": 0.01},
-}
 
 
 def cell_key(cell: dict[str, Any]) -> tuple:
     return (cell["store"], cell["concurrency"], cell["size"], cell["layer"])
-
-
-def done_cells(out: Path) -> set[tuple]:
-    """The cells ``out`` holds already (a resumed run skips them)."""
-    if not out.exists():
-        return set()
-    return {cell_key(json.loads(line)) for line in out.read_text().splitlines() if line.strip()}
 
 
 # ----------------------------------------------------------------------------- one cell
@@ -82,7 +69,7 @@ def bare_tune(cell: dict[str, Any], work: Path) -> dict[str, Any]:
     from ray.tune.search.optuna import OptunaSearch
 
     def trainable(config: dict) -> None:
-        for step in STEPS:
+        for step in REPLAY_STEPS:
             value = config["a"] * config["b"]
             tune.report({"val_accuracy": value, "step": step, "ended_at": time.time()})
 
@@ -124,24 +111,6 @@ def pace(ends: list[float]) -> list[float]:
     return [1000 * (ends[b] - ends[a]) / (b - a) for a, b in spans]
 
 
-def replay_table(path: Path, experiment: dict[str, Any]) -> None:
-    """A table of 100 configurations (10 x 10), one seed each, three evaluations."""
-    from raypeft.search.simulate.table import Curve, CurveTable
-
-    curves = [
-        Curve(
-            {"method.lr_prompt": a, "method.lr_lowrank": b},
-            0,
-            list(STEPS),
-            {"val_loss": [1 - a * b] * 3, "val_accuracy": [a * b / 3, a * b / 2, a * b]},
-            [1.0, 2.0, 3.0],
-        )  # fmt: skip
-        for a in VALUES
-        for b in VALUES
-    ]
-    CurveTable(experiment, "accuracy", "max", {}, curves).save(path)
-
-
 def raypeft_search(cell: dict[str, Any], work: Path) -> dict[str, Any]:
     """raypeft's whole search over replayed zero-time trials."""
     from raypeft.config.schema import ExperimentConfig
@@ -149,8 +118,8 @@ def raypeft_search(cell: dict[str, Any], work: Path) -> dict[str, Any]:
 
     data = {
         "name": NAME,
-        **TINY,
-        "space": {k: {"choice": VALUES} for k in ("method.lr_prompt", "method.lr_lowrank")},
+        **REPLAYED,
+        "space": replay_space(),
         "search": {
             "num_samples": cell["size"],
             "sampler": "random",
@@ -250,7 +219,7 @@ def measure(cell: dict[str, Any], timeout: float) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0",
            "MLFLOW_DISABLE_TELEMETRY": "true", "HF_HUB_OFFLINE": "1",
            "RAY_AUTH_MODE": "disabled"}  # fmt: skip
-    cmd = [sys.executable, "-m", "benchmarks.platform_overhead", "--cell"]
+    cmd = [sys.executable, "-m", "benchmarks.scale.platform_overhead", "--cell"]
     try:
         proc = subprocess.run(cmd, cwd=cell["work"], env=env, input=json.dumps(cell),
                               capture_output=True, text=True, timeout=timeout)  # fmt: skip
@@ -267,34 +236,29 @@ def measure(cell: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 def run_grid(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every cell of the grid not in ``args.out`` yet, appended to it as each ends."""
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    done, rows = done_cells(out), []
+    results, rows = ResultsFile(args.out, key=cell_key), []
     for kind in args.stores:
         with tempfile.TemporaryDirectory(prefix="overhead-") as tmp:
             work = Path(tmp)
             with stores(kind, work) as urls:
-                for cell in _cells(args, kind, done):
+                for cell in _cells(args, kind, results):
                     name = f"{cell['layer']}_{cell['concurrency']}_{cell['size']}"
                     (work / name).mkdir()
                     mlflow_url, optuna_url = urls(name)
                     cell.update(work=str(work / name), mlflow_url=mlflow_url,
                                 optuna_url=optuna_url)  # fmt: skip
-                    row = measure(cell, args.timeout)
-                    with out.open("a") as stream:
-                        stream.write(json.dumps(row) + "\n")
-                    rows.append(row)
-                    print(summary_line(row), flush=True)
+                    rows.append(results.append(measure(cell, args.timeout)))
+                    print(summary_line(rows[-1]), flush=True)
     return rows
 
 
-def _cells(args: argparse.Namespace, store: str, done: set[tuple]) -> Iterator[dict[str, Any]]:
+def _cells(args: argparse.Namespace, store: str, results: ResultsFile) -> Iterator[dict[str, Any]]:
     """The grid's cells of ``store`` not measured yet, smallest concurrency and size first."""
     for conc in args.concurrency:
         for size in args.sizes:
             for layer in args.layers:
                 cell = {"store": store, "concurrency": conc, "size": size, "layer": layer}
-                if cell_key(cell) not in done:
+                if not results.done(cell_key(cell)):
                     yield cell
 
 
@@ -402,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     except ServerUnavailable as exc:
         print(f"error: --stores postgres: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    rows = [json.loads(ln) for ln in Path(args.out).read_text().splitlines() if ln.strip()]
+    rows = ResultsFile(args.out).rows()
     print("\n".join(growth(rows) + paces(rows) + ratios(rows)))
 
 
