@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from raypeft.methods.base import PromptMethod
 
 
 class SlotLayout(Protocol):
@@ -42,9 +39,10 @@ class FusedBatch:
 
     stacks: dict[str, torch.Tensor]  # the method's trainable tensors by name, (K, ...)
     constants: dict[str, torch.Tensor]  # what ``fused_constants`` made, (K, ...)
-    # a seated member: what all members share (``fusing_limitation`` checked it), e.g. the
-    # structure of IDPG's generator, its activation, the backbone's dims
-    first: PromptMethod
+    # a seated member (a PromptMethod: typed as its base class, since base.py imports this
+    # module for its hooks' signatures): what all members share (``fusing_limitation``
+    # checked it), e.g. the structure of IDPG's generator, its activation, the backbone's dims
+    first: nn.Module
     rows: SlotLayout
     input_ids: torch.Tensor  # (rows, L)
     attention_mask: torch.Tensor  # (rows, L)
