@@ -83,8 +83,8 @@ from raypeft.search.tuner import (
     scheduler,
     warn_if_storage_not_shared,
 )
-from raypeft.tracking.callback import (
-    MLflowTrialCallback,
+from raypeft.tracking.callback import MLflowTrialCallback
+from raypeft.tracking.parent_run import (
     artefacts_on_one_disk,
     finish_parent_run,
     open_experiment,

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from raypeft.cli.main import main
 from raypeft.errors import ConfigError
-from raypeft.tracking.callback import artefacts_on_one_disk, open_experiment
+from raypeft.tracking.parent_run import artefacts_on_one_disk, open_experiment
 from raypeft.tracking.stores import (
     TrackingClient,
     TrackingLost,
