@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: a search's five phases, read top to bottom in one module.
 """One search, in five phases: prepare -> open records -> fit -> analyse -> finish.
 
 - prepare: everything that can still fail on the input, before anything is recorded (the
