@@ -50,21 +50,6 @@ def dept_params(prompt_length: int, rank: int, max_length: int, hidden_size: int
     return soft_prompt_params(prompt_length, hidden_size) + (max_length + hidden_size) * rank
 
 
-def dept_rank_for_budget(
-    budget_prompt_length: int, prompt_length: int, max_length: int, hidden_size: int
-) -> int:
-    """Largest rank ``r`` with ``m·d + (s+d)·r <= l·d``, i.e. ``floor((l−m)·d/(s+d))``.
-
-    ``budget_prompt_length`` is the PT length ``l`` whose parameter count is the budget.
-    """
-    if prompt_length >= budget_prompt_length:
-        raise ValueError(
-            f"`prompt_length < budget_prompt_length` must hold for DePT, but got "
-            f"(prompt_length={prompt_length}, budget_prompt_length={budget_prompt_length})."
-        )
-    return (budget_prompt_length - prompt_length) * hidden_size // (max_length + hidden_size)
-
-
 def dept_rank_for_params(budget: int, prompt_length: int, max_length: int, hidden_size: int) -> int:
     """Largest rank ``r`` with ``m·d + (s+d)·r <= budget`` (may be < 1: does not fit)."""
     return (budget - prompt_length * hidden_size) // (max_length + hidden_size)

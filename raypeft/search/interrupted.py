@@ -19,7 +19,7 @@ from raypeft.config.dotted import flatten
 from raypeft.config.redact import redact_params
 from raypeft.config.schema import ExperimentConfig
 from raypeft.errors import ConfigError
-from raypeft.tracking.callback import param_text  # the value exactly as it was logged
+from raypeft.tracking.parent_run import param_text  # the value exactly as it was logged
 from raypeft.tracking.runs import parent_runs
 from raypeft.tracking.tags import CONFIG_HASH_TAG, TUNE_PATH_TAG
 

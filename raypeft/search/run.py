@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: a search's five phases, read top to bottom in one module.
 """One search, in five phases: prepare -> open records -> fit -> analyse -> finish.
 
 - prepare: everything that can still fail on the input, before anything is recorded (the
@@ -83,8 +84,8 @@ from raypeft.search.tuner import (
     scheduler,
     warn_if_storage_not_shared,
 )
-from raypeft.tracking.callback import (
-    MLflowTrialCallback,
+from raypeft.tracking.callback import MLflowTrialCallback
+from raypeft.tracking.parent_run import (
     artefacts_on_one_disk,
     finish_parent_run,
     open_experiment,

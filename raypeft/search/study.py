@@ -15,7 +15,6 @@ import os
 import socket
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
@@ -27,7 +26,7 @@ from raypeft.config.schema import ExperimentConfig
 from raypeft.config.space import is_conditional
 from raypeft.errors import ConfigError
 from raypeft.search.objectives import ResolvedObjective
-from raypeft.tracking.stores import SEARCH_STORAGE_ENV, database_url, sqlite_file, store_lock
+from raypeft.tracking.stores import database_url, search_storage_url, sqlite_file, store_lock
 
 METRICS_ATTR = "raypeft.metrics"  # user attribute: the trial's last reported metrics
 TUNE_TRIAL_ATTR = "raypeft.tune_trial_id"
@@ -124,17 +123,6 @@ class _GridSampler(optuna.samplers.GridSampler):
 def directions(modes: list[str]) -> list[str]:
     """Optuna's study directions for raypeft's modes (max, min)."""
     return ["maximize" if m == "max" else "minimize" for m in modes]
-
-
-def default_storage(tracking_uri: str) -> str:
-    """``$RAYPEFT_SEARCH_STORAGE`` if set; else ``optuna.db`` beside a local sqlite MLflow
-    store; else in the working directory."""
-    if os.environ.get(SEARCH_STORAGE_ENV):  # a cluster's shared database
-        return os.environ[SEARCH_STORAGE_ENV]
-    store = sqlite_file(tracking_uri)
-    if store is not None:
-        return f"sqlite:///{store.parent / 'optuna.db'}"
-    return f"sqlite:///{Path('optuna.db').resolve()}"
 
 
 def open_storage(url: str) -> optuna.storages.RDBStorage:
@@ -368,7 +356,7 @@ class StudyPlan:
 
 def study_location(cfg: ExperimentConfig, tracking_uri: str) -> tuple[str, str]:
     """Where a search's persisted Optuna study lives: its storage URL and study name."""
-    url = database_url(cfg.search.storage or default_storage(tracking_uri))
+    url = database_url(search_storage_url(cfg, tracking_uri))
     return url, cfg.search.study_name or cfg.tracking.experiment or cfg.name
 
 

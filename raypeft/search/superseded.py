@@ -26,7 +26,7 @@ from pyarrow import fs
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
-from raypeft.tracking.callback import checkpoints_beside
+from raypeft.tracking.trial_checkpoints import checkpoints_beside
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""MLflow tracking: one parent run per experiment, one nested child run per trial.
+"""MLflow tracking: one nested child run per trial, under the search's parent run
+(:mod:`raypeft.tracking.parent_run`).
 
 All writes happen on the Tune driver (a Tune callback), so there is a single writer per
 store: sqlite files stay consistent, and trials need no MLflow credentials.
@@ -6,33 +7,23 @@ store: sqlite files stay consistent, and trials need no MLflow credentials.
 
 from __future__ import annotations
 
-import json
 import math
-import posixpath
-import tempfile
 from pathlib import Path
 from typing import Any
 
-import yaml
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID, MLFLOW_RUN_NOTE
-from pyarrow.fs import FileSelector, FileSystem, FileType, LocalFileSystem
-from ray.train import Checkpoint
 from ray.tune import Callback
 from ray.tune.experiment import Trial
 
 from raypeft.config.dotted import flatten
-from raypeft.config.redact import redact_config, redact_params, redact_uri
+from raypeft.config.redact import redact_uri
 from raypeft.config.schema import EFFICIENCY_METRICS, REPEAT_OF, ExperimentConfig, trial_config
-from raypeft.errors import ConfigError
 from raypeft.methods import BackboneDims
-from raypeft.tracking.runs import BEST_MODEL_ARTIFACTS, MODEL_ARTIFACTS, log_model, reopen_run
-from raypeft.tracking.stores import database_server
+from raypeft.tracking.parent_run import log_params, param_text
+from raypeft.tracking.runs import MODEL_ARTIFACTS, log_model, reopen_run
 from raypeft.tracking.tags import (
-    BEST_RUN_TAG,
-    BEST_TRIAL_TAG,
     CONFIGURATION_TAG,
     ERROR_TAG,
     INTERRUPTED_TAG,
@@ -40,14 +31,13 @@ from raypeft.tracking.tags import (
     REPEAT_OF_TAG,
     RESTARTS_TAG,
     ROLE_REPEAT,
-    ROLE_SEARCH,
     ROLE_TAG,
     ROLE_TRIAL,
-    SPACE_FILE_TAG,
     STOPPED_EARLY_TAG,
     TRIAL_ID_TAG,
     result_tag,
 )
+from raypeft.tracking.trial_checkpoints import checkpoint_dir
 from raypeft.training.checkpoints import intact_checkpoint
 from raypeft.training.phases import PhaseTimer, timed_phase
 from raypeft.training.result_keys import (
@@ -63,84 +53,6 @@ from raypeft.training.result_keys import (
     WORKER_KEYS,
     ran_to_end,
 )
-
-_BATCH = 100  # MLflow accepts at most 100 params per log_batch call
-
-
-def open_experiment(client: MlflowClient, name: str, artifact_location: str | None = None) -> str:
-    """The id of the MLflow experiment called ``name`` (created if missing, keeping its
-    artefacts at ``artifact_location`` when given: MLflow's default otherwise). An existing
-    experiment whose artefacts live elsewhere than ``artifact_location`` is a ConfigError:
-    MLflow fixes an experiment's location when it creates it."""
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        if found.lifecycle_stage == "deleted":
-            client.restore_experiment(found.experiment_id)
-        _check_artifact_location(found, artifact_location)
-        return found.experiment_id
-    try:
-        return client.create_experiment(name, artifact_location=artifact_location)
-    except MlflowException as exc:  # a search started beside this one created it just now
-        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-            raise
-        return client.get_experiment_by_name(name).experiment_id
-
-
-def _same_location(a: str, b: str) -> bool:
-    """Two artefact locations name the same place (``/x`` and ``file:///x/`` do)."""
-    return a.removeprefix("file://").rstrip("/") == b.removeprefix("file://").rstrip("/")
-
-
-def _check_artifact_location(experiment, wanted: str | None) -> None:
-    if wanted is not None and not _same_location(experiment.artifact_location, wanted):
-        raise ConfigError(
-            f"tracking.artifact_location: experiment {experiment.name!r} already keeps its "
-            f"artefacts in {redact_uri(experiment.artifact_location)}, not {redact_uri(wanted)} "
-            "(MLflow fixes it when the experiment is created); give that location, or another "
-            "tracking.experiment"
-        )
-
-
-def artefacts_on_one_disk(tracking_uri: str, artifact_location: str) -> bool:
-    """A database server's runs whose artefacts live on the local disk of the machine that
-    logged them: other machines read the runs but not their models."""
-    local = "://" not in artifact_location or artifact_location.startswith("file:")
-    return database_server(tracking_uri) and local
-
-
-def log_params(client: MlflowClient, run_id: str, params: dict[str, Any]) -> None:
-    items = [Param(k, param_text(v)) for k, v in sorted(redact_params(params).items())]
-    for i in range(0, len(items), _BATCH):
-        client.log_batch(run_id, params=items[i : i + _BATCH])
-
-
-def param_text(value: Any) -> str:
-    """A value as MLflow stores it as a param (JSON for containers, cut at its limit)."""
-    text = json.dumps(value) if isinstance(value, (list, dict, tuple)) else str(value)
-    return text[:6000]  # MLflow's param value limit
-
-
-def start_parent_run(
-    client: MlflowClient, experiment_id: str, cfg: ExperimentConfig, source: str
-) -> str:
-    """Create the experiment's parent run with the whole experiment file as params."""
-    run = client.create_run(
-        experiment_id,
-        run_name=cfg.name,
-        tags={
-            ROLE_TAG: ROLE_SEARCH,
-            SPACE_FILE_TAG: source,
-            METHOD_TAG: cfg.method.name,
-        },
-    )
-    params = flatten(cfg.model_dump(mode="json", exclude={"space"}))
-    params.update({f"space.{k}": v.model_dump() for k, v in cfg.space.items()})
-    log_params(client, run.info.run_id, params)
-    with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "experiment.yaml"
-        path.write_text(yaml.safe_dump(redact_config(cfg.model_dump(mode="json")), sort_keys=False))
-        client.log_artifact(run.info.run_id, str(path))
-    return run.info.run_id
 
 
 def numeric_metrics(result: dict[str, Any]) -> dict[str, float]:
@@ -164,60 +76,6 @@ def new_step(result: dict[str, Any], logged: dict[str, int], trial_id: str) -> i
         return None
     logged[trial_id] = step
     return step
-
-
-def train_checkpoint(path: str, storage: str | None) -> Checkpoint:
-    """A Ray Train checkpoint from the path Ray reports for it (``checkpoint_path``): a path
-    within the run's storage filesystem, which for remote storage carries no scheme
-    (``bucket/ray_results/...`` on S3), so the filesystem comes from the search's
-    ``storage`` URI."""
-    if storage and "://" in storage and "://" not in path:
-        filesystem, _ = FileSystem.from_uri(storage)
-        return Checkpoint(path, filesystem=filesystem)
-    return Checkpoint(path)
-
-
-def checkpoint_dir(
-    tune_checkpoint, train_checkpoint_path: str | None, storage: str | None = None
-) -> Path | None:
-    """Local folder of a trial's latest (= best) checkpoint, either runner.
-
-    In-process trials report Tune checkpoints; Ray Train trials report their checkpoint's
-    storage path as the ``checkpoint_path`` metric of the result that carried it (a path in
-    ``storage``, the search's ``run.storage_path``).
-    """
-    checkpoint = tune_checkpoint
-    if checkpoint is None and train_checkpoint_path:
-        checkpoint = train_checkpoint(train_checkpoint_path, storage)
-    if checkpoint is None:
-        return None
-    if isinstance(checkpoint.filesystem, LocalFileSystem):
-        return Path(checkpoint.path)  # read in place: no copy
-    try:
-        return Path(checkpoint.to_directory())  # remote storage (e.g. S3): download once
-    except FileNotFoundError:
-        # a snapshot older than the trial's end names a checkpoint deleted since
-        # (raypeft.search.superseded): the newest beside it is the trial's last, its best
-        beside = checkpoints_beside(checkpoint.filesystem, checkpoint.path)
-        if not beside:
-            raise
-        return Path(Checkpoint(beside[-1], filesystem=checkpoint.filesystem).to_directory())
-
-
-CHECKPOINT_PREFIX = "checkpoint_"  # Tune's name for a trial's checkpoint folders
-
-
-def checkpoints_beside(filesystem: FileSystem, path: str) -> list[str]:
-    """The paths of the checkpoint folders in the folder that holds ``path`` (a trial's
-    checkpoint on ``filesystem``, local or remote; it need not exist any more), oldest first
-    (Tune's indices are zero-padded)."""
-    parent = posixpath.dirname(path.rstrip("/"))
-    found = filesystem.get_file_info(FileSelector(parent, allow_not_found=True))
-    return sorted(
-        info.path
-        for info in found
-        if info.type == FileType.Directory and info.base_name.startswith(CHECKPOINT_PREFIX)
-    )
 
 
 class MLflowTrialCallback(Callback):
@@ -509,23 +367,3 @@ def _error_summary(trial: Trial) -> str:
         return ""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1][:5000] if lines else ""
-
-
-def finish_parent_run(
-    client: MlflowClient, run_id: str, summary: dict[str, Any], best_folder: Path | None
-) -> None:
-    """Best configuration, its validation/test metrics and artefacts on the parent run."""
-    client.log_batch(
-        run_id,
-        metrics=[Metric(k, float(v), 0, 0) for k, v in summary["metrics"].items()],
-        tags=[
-            RunTag(BEST_TRIAL_TAG, summary["trial_id"]),
-            RunTag(BEST_RUN_TAG, summary.get("run_id") or ""),
-        ],
-    )
-    log_params(client, run_id, {f"best.{k}": v for k, v in summary["config"].items()})
-    for file_name, table in summary.get("tables", {}).items():  # Pareto front, repeats
-        client.log_dict(run_id, table, file_name)
-    if best_folder is not None:
-        log_model(client, run_id, best_folder, BEST_MODEL_ARTIFACTS)
-    client.set_terminated(run_id, "FINISHED")

@@ -5,12 +5,17 @@ from __future__ import annotations
 import pytest
 
 from raypeft.methods import BackboneDims
-from raypeft.methods.dept import DePTConfig, dept_params, dept_rank_for_budget
+from raypeft.methods.dept import DePTConfig, dept_params, dept_rank_for_params
 from raypeft.methods.sizing import soft_prompt_params
 
 D, S, L = 768, 256, 100  # T5-base hidden size, max length, PT prompt length
 PAPER = {20: 60, 40: 45, 60: 30, 80: 15}  # DePT Table: m -> r at PT's budget
 T5_BASE = BackboneDims(hidden_size=D, num_layers=12, vocab_size=32128, max_length=S)
+
+
+def dept_rank_for_budget(budget_prompt_length: int, prompt_length: int, s: int, d: int) -> int:
+    """Largest rank ``r`` with ``m·d + (s+d)·r <= l·d``: the library's rank at PT's count."""
+    return dept_rank_for_params(soft_prompt_params(budget_prompt_length, d), prompt_length, s, d)
 
 
 def dept_budget_table(prompt_lengths: list[int] | None = None) -> list[tuple[int, int, int, int]]:
@@ -73,9 +78,7 @@ def test_budget_table_skips_rank_zero():
 
 @pytest.mark.parametrize("m", [100, 101, 250])
 def test_prompt_length_not_below_budget_raises(m):
-    with pytest.raises(ValueError, match="prompt_length < budget_prompt_length"):
-        dept_rank_for_budget(L, m, S, D)
-    # as a config: a prompt as long as PT's leaves no room for A·B
+    # a prompt as long as PT's leaves no room for A·B
     with pytest.raises(ValueError, match="prompt_length < budget_prompt_length"):
         DePTConfig(prompt_length=m, budget_prompt_length=L)
 

@@ -14,7 +14,7 @@ from pyarrow.fs import LocalFileSystem, SubTreeFileSystem
 from ray.train import Checkpoint
 
 from raypeft.search.superseded import SupersededCheckpoints, delete_superseded
-from raypeft.tracking.callback import checkpoint_dir, checkpoints_beside
+from raypeft.tracking.trial_checkpoints import checkpoint_dir, checkpoints_beside
 
 
 def trial_folder(root: Path, *indices: int) -> SubTreeFileSystem:

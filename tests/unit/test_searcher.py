@@ -34,7 +34,6 @@ from raypeft.search.study import (
     STOPPED_EARLY_ATTR,
     UNSNAPSHOTTED,
     build_sampler,
-    default_storage,
     open_storage,
     plan_study,
     prepare_study,
@@ -43,6 +42,7 @@ from raypeft.search.study import (
     this_driver,
     unrecorded_ends,
 )
+from raypeft.tracking.stores import search_storage_url
 from raypeft.training.result_keys import TRIAL_STEPS_KEY
 
 BASE = {
@@ -303,11 +303,16 @@ def test_remaining_grid_points_skip_what_ran():
 
 
 def test_default_storage_is_beside_the_mlflow_store(tmp_path, monkeypatch):
-    assert default_storage(f"sqlite:///{tmp_path}/x/mlflow.db") == (
+    monkeypatch.delenv("RAYPEFT_SEARCH_STORAGE", raising=False)
+    cfg = experiment()
+    assert search_storage_url(cfg, f"sqlite:///{tmp_path}/x/mlflow.db") == (
         f"sqlite:///{tmp_path}/x/optuna.db"
     )
     monkeypatch.chdir(tmp_path)
-    assert default_storage("http://mlflow:5000") == f"sqlite:///{tmp_path}/optuna.db"
+    assert search_storage_url(cfg, "http://mlflow:5000") == f"sqlite:///{tmp_path}/optuna.db"
+    # what the file names wins
+    named = experiment(storage="sqlite:///x.db")
+    assert search_storage_url(named, "http://mlflow:5000") == "sqlite:///x.db"
 
 
 def test_open_storage_bad_url_is_one_line():

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from raypeft.cli.main import main
 from raypeft.errors import ConfigError
-from raypeft.tracking.callback import artefacts_on_one_disk, open_experiment
+from raypeft.tracking.parent_run import artefacts_on_one_disk, open_experiment
 from raypeft.tracking.stores import (
     TrackingClient,
     TrackingLost,
@@ -290,14 +290,14 @@ def _experiment(**sections):
 
 
 def test_the_clusters_environment_names_the_default_stores(monkeypatch, tmp_path):
-    from raypeft.search.study import default_storage
     from raypeft.search.trial_runners import storage_path
-    from raypeft.tracking.stores import search_storage
+    from raypeft.tracking.stores import search_storage, search_storage_url
 
     monkeypatch.setenv("RAYPEFT_SEARCH_STORAGE", "postgresql+psycopg://u@db:5432/optuna")
     monkeypatch.setenv("RAYPEFT_STORAGE_PATH", "s3://team/ray_results")
     cfg = _experiment()
-    assert default_storage(f"sqlite:///{tmp_path / 'mlflow.db'}").endswith("@db:5432/optuna")
+    beside = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert search_storage_url(cfg, beside).endswith("@db:5432/optuna")
     assert search_storage(cfg) == (os.environ["RAYPEFT_SEARCH_STORAGE"], "RAYPEFT_SEARCH_STORAGE")
     assert storage_path(cfg) == "s3://team/ray_results"
     # what the file says wins over the environment

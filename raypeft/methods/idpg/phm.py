@@ -76,10 +76,6 @@ class PHMLinear(nn.Module):
         """The ``A`` set in use (owned or shared), ``(n, n, n)``."""
         return self.own_a if self.own_a is not None else self._shared_a[0]
 
-    def dense_weight(self) -> torch.Tensor:
-        """The equivalent dense ``W`` ``(out, in)``: ``Σ_i kron(A_i, B_i)`` (for checks)."""
-        return sum(torch.kron(a, b) for a, b in zip(self.phm_a, self.phm_b, strict=True))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Never build W: contract x with the small factors. Output index (p, r) and input
         # index (q, s) are the Kronecker block and in-block positions (p, q over n blocks).

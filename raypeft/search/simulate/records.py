@@ -17,7 +17,7 @@ from mlflow.tracking import MlflowClient
 from raypeft.config.dotted import flatten
 from raypeft.search.simulate.runs import Simulation
 from raypeft.search.simulate.table import CurveTable
-from raypeft.tracking.callback import log_params
+from raypeft.tracking.parent_run import log_params
 from raypeft.tracking.tags import ROLE_SIMULATION, ROLE_TAG
 
 FIGURES = ("heldout", "regret", "normalised", "steps", "wall")  # each replay's scores

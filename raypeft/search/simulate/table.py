@@ -33,11 +33,10 @@ from raypeft.search.study import (
     PARENT_RUN_ATTR,
     STOPPED_EARLY_ATTR,
     TUNE_TRIAL_ATTR,
-    default_storage,
     open_storage,
 )
 from raypeft.tracking.runs import find_experiment, get_run, latest_parent_run, trial_runs
-from raypeft.tracking.stores import check_store
+from raypeft.tracking.stores import check_store, search_storage_url
 from raypeft.tracking.tags import OPTUNA_STUDY_TAG, TRIAL_ID_TAG
 from raypeft.training.evaluation import TargetMetric
 from raypeft.training.result_keys import PRECISION_PARAM
@@ -215,8 +214,8 @@ def full_length_trials(
 ) -> dict[str, dict[str, Any]]:
     """Tune trial id -> typed parameters, for the study's trials of this search that ran to
     their end (COMPLETE, not stopped early). The study is in ``storage``, else in the
-    search's logged ``search.storage`` (else the default beside the tracking store)."""
-    storage_url = storage or cfg.search.storage or default_storage(tracking_uri)
+    search's logged ``search.storage`` (else where :func:`search_storage_url` puts it)."""
+    storage_url = storage or search_storage_url(cfg, tracking_uri)
     if storage is None and REDACTED in storage_url:
         raise ConfigError(
             f"search.storage: the search logged its Optuna storage without its password "
