@@ -1,3 +1,4 @@
+# Over 500 lines: its first 115 are the study's own documentation (what, how, where results go).
 """Fidelity on real tasks: PT vs DePT vs M-IDPG-PHM vs IPT at one trainable-parameter budget.
 
 What it measures

@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: PackedBackbone and the padding, masks and caches its one pass needs.
 """Several prompted models on one frozen backbone: their batches in one forward pass.
 
 A pack's members are :class:`~raypeft.modeling.prompted.PromptedModel` s built as trials of
@@ -129,11 +130,6 @@ class PackShape:
         rows) that are padding: 0 when the members' prompts have one length."""
         total = self.padded + self.prompt_slots
         return self.padded / total if total else 0.0
-
-    @property
-    def padded_fraction(self) -> float:
-        """The share of all slots the backbone computed that are padding."""
-        return self.padded / self.slots if self.slots else 0.0
 
     def __add__(self, other: PackShape) -> PackShape:
         return PackShape(

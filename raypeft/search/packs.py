@@ -1,3 +1,4 @@
+# Over 500 lines on purpose: a pack seen from Tune, one book of seats for registry, server, trials.
 """Packed trials (``resources.trials_per_worker: K``): K configurations train on one frozen
 backbone, and each is still a Ray Tune trial of its own.
 

@@ -301,7 +301,6 @@ def test_a_method_says_why_it_cannot_pack(task, monkeypatch):
 def test_padding_waste_counts_the_padded_prompt_slots():
     shape = PackShape(rows=4, slots=4 * 20, padded=6, prompt_slots=10)
     assert shape.padding_waste == pytest.approx(6 / 16)
-    assert shape.padded_fraction == pytest.approx(6 / 80)
     assert (shape + shape).padding_waste == shape.padding_waste
     assert PackShape().padding_waste == 0.0
 
