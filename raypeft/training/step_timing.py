@@ -1,9 +1,10 @@
 """Timing training steps at a trial's shape: a full-length random batch, and the median step
 over a span with the device's peak memory.
 
-What the step benchmarks (``benchmarks.device.gpu_step``, ``benchmarks.device.packing``) and the search's
-GPU probe (:mod:`raypeft.training.probe`) measure with. Only torch is imported (no psutil,
-Ray or MLflow), so the benchmarks run on a GPU machine that has little more than torch.
+What the step benchmarks (``benchmarks.device.gpu_step``, ``benchmarks.device.packing``)
+and the search's GPU probe (:mod:`raypeft.training.probe`) measure with. Only torch is
+imported (no psutil, Ray or MLflow), so the benchmarks run on a GPU machine that has little
+more than torch.
 """
 
 from __future__ import annotations
