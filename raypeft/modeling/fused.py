@@ -36,9 +36,9 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache
 
-from raypeft.methods.base import PREFIX_CACHE, PromptMethod
+from raypeft.methods.base import PromptMethod
 from raypeft.methods.fusing import FusedBatch
-from raypeft.modeling.backbones import backbone_arguments
+from raypeft.modeling.backbones import cache_argument
 from raypeft.modeling.head_pooling import input_mean, pooled_logits
 from raypeft.modeling.packed import PackedBackbone, PackShape
 from raypeft.modeling.precision import autocast
@@ -290,6 +290,12 @@ class FusedModel:
         # prefixes of different lengths: each row's positions as its encoder counts them
         # after its own prefix (not after the longest)
         self.explicit_positions = len({m.method.config.prefix_length() for m in seated}) > 1
+        # the argument the backbone takes key/value prefixes under, read here: a compiled
+        # pass would trace through its lookup (an lru_cache over the class's signature)
+        self.cache_name = cache_argument(backbone.backbone) if any(self.prefixes) else None
+        if any(self.prefixes) and self.cache_name is None:
+            called = type(backbone.backbone).__name__
+            raise ValueError(f"{called} takes no key/value cache for a prefix")
         # prompts padded to a multiple of ``bucket`` positions: a compiled pack's shapes
         # then change less often as members come and go
         self.longest = bucket * -(-max(self.prompts) // bucket)
@@ -381,7 +387,7 @@ class FusedModel:
             cache = DynamicCache()
             for index, (keys, values) in enumerate(self.first.fused_prefix(fused)):
                 cache.update(keys, values, index)
-            inputs[PREFIX_CACHE] = cache
+            inputs[self.cache_name] = cache
             prefix_mask = layout.prefix_mask[slot].to(input_mask.dtype)
             inputs["attention_mask"] = torch.cat([prefix_mask, inputs["attention_mask"]], 1)
         if layout.positions is not None:
@@ -409,11 +415,10 @@ class FusedModel:
     ) -> torch.Tensor:
         model = self.backbone.backbone
         with autocast(self.backbone.precision, input_mask.device):
-            arguments = backbone_arguments(model, inputs)
             if self.backbone.head_style is None:
-                return model(**arguments).logits.float()
+                return model(**inputs).logits.float()
             # mean: each row pools its own input tokens (where its layout put them)
-            hidden = model.base_model(**arguments)[0]
+            hidden = model.base_model(**inputs)[0]
             tokens = hidden.gather(
                 1, input_positions.unsqueeze(-1).expand(-1, -1, hidden.shape[-1])
             )
