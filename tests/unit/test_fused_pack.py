@@ -251,23 +251,22 @@ def test_a_compiled_fused_step_is_the_member_by_member_step(members, head_poolin
     shapes: every slot a full batch of rows, blanks weighted 0; prompts in buckets), a member
     held back for two steps, agrees with the eager member-by-member step: DePT, PT, deep
     prompts (hidden and key/value), IDPG (dense and PHM) and IPT's tables (input and deep)."""
-    from torch._dynamo.utils import counters  # private: dynamo's graph and break counts
-
     members = FUSED[members]
     base = _backbone("bert")
     pack = PackedBackbone(shared_copy(base.model), "encoder", "fp32", 0.0, head_pooling)
     ours, theirs = (_learners(base, members, head_pooling) for _ in range(2))
     rows = max(train["batch_size"] for _, train in members)
     fused = FusedPack(pack, ours, compile_rows=rows)
-    counters.clear()
     for step in range(5):
         slots = [0, 2] if step in (2, 3) else [0, 1, 2]  # member 1 held back
         batches = [_batches(step, members)[s] for s in slots]
-        a = fused.step(slots, batches)
+        # after the first step's compilation, any recompile (a member held back changing a
+        # shape) raises: one graph serves the whole membership (torch's public stance API)
+        stance = "fail_on_recompile" if step else "default"
+        with torch.compiler.set_stance(stance):
+            a = fused.step(slots, batches)
         b = packed_step(pack, [theirs[s] for s in slots], batches)
         assert a.losses == pytest.approx(b.losses, rel=1e-5)
-    # one graph for all five steps (no recompile when a member is held), none broken
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
     fused.write_back()
     for mine, want in zip(_state(ours), _state(theirs), strict=True):
         for key, tensor in want.items():
