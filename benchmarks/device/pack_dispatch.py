@@ -64,6 +64,9 @@ from raypeft.modeling.packed import PackedBackbone, packable
 from raypeft.training.fused import FusedPack, fusing_refusal
 from raypeft.training.pack_step import Learner, packed_step
 
+# every registered method, and the settings the step benchmarks add (prefix-kv: deep
+# prompts' key/value style)
+EVERY_METHOD = list(dict.fromkeys([*METHODS, *steps.TINY_METHODS]))
 KS = [1, 2, 4, 8, 16]
 PHASES = ("forward", "backward", "rest")
 CPU = torch.device("cpu")
@@ -373,7 +376,7 @@ def timing_lines(rows: list[dict]) -> list[str]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--methods", default=",".join(METHODS), help="default: every registered one")
+    p.add_argument("--methods", default=",".join(EVERY_METHOD), help="default: EVERY_METHOD")
     p.add_argument("--ks", default=",".join(map(str, KS)), help="pack sizes K")
     p.add_argument("--time-k", type=int, default=8, help="the K whose step is timed")
     p.add_argument("--repeats", type=int, default=50, help="timed steps of each (0: no timing)")

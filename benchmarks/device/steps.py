@@ -64,6 +64,7 @@ METHODS: dict[str, dict] = {
     "pt": {"name": "pt", "prompt_length": 100},
     "dept": {"name": "dept", "prompt_length": 60, "budget_prompt_length": 100},
     "prefix": {"name": "prefix", "style": "hidden", "prompt_length": 10},
+    "prefix-kv": {"name": "prefix", "style": "kv", "prompt_length": 10},
     "idpg": {"name": "idpg"},
     "ipt": {"name": "ipt", "strategy": "random", "placement": "input", "prompt_length": 16},
 }
@@ -71,6 +72,7 @@ TINY_METHODS: dict[str, dict] = {
     "pt": {"name": "pt", "prompt_length": 4},
     "dept": {"name": "dept", "prompt_length": 2, "rank": 2},
     "prefix": {"name": "prefix", "prompt_length": 2},
+    "prefix-kv": {"name": "prefix", "style": "kv", "prompt_length": 2},
     "idpg": {"name": "idpg", "prompt_length": 2, "generator_hidden": 4, "generator": "dnn"},
     "ipt": {"name": "ipt", "strategy": "random", "prompt_length": 4},
 }

@@ -54,14 +54,16 @@ def test_every_packing_method_and_k_gets_its_operator_count(tmp_path):
     def setting_of(method: str) -> Setting:
         return Setting("tiny", method, "fp32", 2, 8, 10, 1, True)
 
-    why = pack_dispatch.packing_methods(list(METHODS), setting_of)
-    packing = [m for m in METHODS if why[m] is None]
+    methods = pack_dispatch.EVERY_METHOD
+    assert set(METHODS) <= set(methods)
+    why = pack_dispatch.packing_methods(methods, setting_of)
+    packing = [m for m in methods if why[m] is None]
     assert packing, why  # the built-in methods pack
 
     summary = {(row[0], row[1]): row for row in _rows(out, "method", "step", "one trial alone")}
     ways = ["member by member", "fused"]
     expected = [(m, w) for m in packing for w in ways] + [
-        (m, "") for m in METHODS if m not in packing
+        (m, "") for m in methods if m not in packing
     ]
     assert list(summary) == expected
     fused = [m for m in packing if not summary[m, "fused"][2].startswith("n/a")]
