@@ -16,7 +16,7 @@ from tests.helpers import run_benchmark
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "benchmarks.device.gpu_step"
 ABSENT_ON_GPU_MACHINES = ("ray", "mlflow", "optuna", "datasets")
-METHODS = ("pt", "dept", "prefix", "idpg", "ipt")
+METHODS = ("pt", "dept", "prefix", "prefix-kv", "idpg", "ipt")  # benchmarks.device.steps
 
 
 def _blocked_packages(folder: Path) -> Path:
