@@ -249,18 +249,27 @@ def tune_variants(cpu: bool) -> list[tuple[str, list[str]]]:
     ]
 
 
-def tiny_search_file(folder: Path) -> Path:
-    """dept.yaml at rehearsal size (--cpu): tiny BERT, a 2-point grid, a few steps."""
-    cfg = yaml.safe_load(SHIPPED_SEARCH.read_text())
+def shrink_dept(cfg: dict, train: int, held_out: int, steps: int, prompt_lengths: dict) -> None:
+    """A DePT experiment at rehearsal size (--cpu), in place: tiny BERT, ``train`` training
+    examples and ``held_out`` each for validation and test, ``steps`` steps evaluated twice,
+    a 2-point grid of the prompt's learning rate; ``prompt_lengths`` is m's entry in the space."""
     cfg["model"] = {"name": "tiny-bert", "max_length": 16}
-    cfg["task"].update(max_train_examples=160, max_eval_examples=48, max_test_examples=48)
+    cfg["task"].update(
+        max_train_examples=train, max_eval_examples=held_out, max_test_examples=held_out
+    )
     cfg["method"].update(budget_prompt_length=10, prompt_length=4)
-    cfg["train"].update(max_steps=8, eval_every=4, batch_size=8)
+    cfg["train"].update(max_steps=steps, eval_every=steps // 2, batch_size=8)
     cfg["space"] = {
         "method.lr_prompt": {"grid": [0.3, 0.5]},
         "method.lr_lowrank": {"grid": [1.0e-3]},
-        "method.prompt_length": {"choice": [2, 4]},
+        "method.prompt_length": prompt_lengths,
     }
+
+
+def tiny_search_file(folder: Path) -> Path:
+    """dept.yaml at rehearsal size (--cpu): tiny BERT, a 2-point grid, a few steps."""
+    cfg = yaml.safe_load(SHIPPED_SEARCH.read_text())
+    shrink_dept(cfg, train=160, held_out=48, steps=8, prompt_lengths={"choice": [2, 4]})
     cfg["search"].update(num_samples=2, repeat_best={"top_k": 1, "seeds": 1})
     path = folder / "dept_tiny.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -375,16 +384,8 @@ def mr_grid_file(folder: Path, data: Path, cpu: bool) -> tuple[Path, str]:
     cfg["tracking"].update(uri=None, system_metrics=False)
     cfg["run"] = {"storage_path": str(folder / "ray_results"), "max_failures": 2}
     if cpu:  # a 2-point grid of tiny BERT, one seed, two trials in one pack
-        cfg["model"] = {"name": "tiny-bert", "max_length": 16}
-        cfg["task"].update(max_train_examples=64, max_eval_examples=32, max_test_examples=32)
-        cfg["method"].update(budget_prompt_length=10, prompt_length=4)
-        cfg["train"].update(max_steps=6, eval_every=3, batch_size=8)
-        cfg["space"] = {
-            "method.lr_prompt": {"grid": [0.3, 0.5]},
-            "method.lr_lowrank": {"grid": [1.0e-3]},
-            "method.prompt_length": {"grid": [4]},
-            "train.seed": {"grid": [0]},
-        }
+        shrink_dept(cfg, train=64, held_out=32, steps=6, prompt_lengths={"grid": [4]})
+        cfg["space"]["train.seed"] = {"grid": [0]}
         cfg["search"].update(num_samples=2, seeds=[0])
         cfg["resources"] = {"cpus_per_worker": 2, "trials_per_worker": 2}
     else:  # one pack of 16 on the GPU (1/16 GPU and 1/2 CPU each); precision as recorded
