@@ -94,6 +94,7 @@ class FusedPack:
         device = next(iter(keys.values())).device
         self.device = device
         self.params, self.exp_avg, self.exp_avg_sq = {}, {}, {}
+        self._scratch: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # _scratch_for
         for key in keys:
             shapes = [t[key].shape for t in self.tensors.values()]
             shape = (len(self.learners), *(max(n) for n in zip(*shapes, strict=True)))
@@ -218,13 +219,25 @@ class FusedPack:
             grad, exp_avg, exp_avg_sq = grads[key], self.exp_avg[key], self.exp_avg_sq[key]
             param.mul_(s["decay"])
             exp_avg.lerp_(grad, s["keep1"])
-            exp_avg_sq.mul_(s["beta2"]).addcmul_(grad, grad * s["keep2"])
-            denom = exp_avg_sq.sqrt().div_(s["correction2"]).add_(s["eps"])
-            param.sub_(exp_avg.div(denom).mul_(s["step_size"]))
+            # AdamW's arithmetic in torch.optim.AdamW's order, its temporaries written into
+            # two scratch stacks kept across steps: allocating stack-sized temporaries each
+            # step made IPT's tables (8 × 30,522 × 384) step slower fused than one by one
+            term, denom = self._scratch_for(key)
+            exp_avg_sq.mul_(s["beta2"]).addcmul_(grad, torch.mul(grad, s["keep2"], out=term))
+            torch.sqrt(exp_avg_sq, out=denom).div_(s["correction2"]).add_(s["eps"])
+            param.sub_(torch.div(exp_avg, denom, out=term).mul_(s["step_size"]))
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=_SCHEDULE_ORDER, category=UserWarning)
             for slot in stepped:
                 self.learners[slot].scheduler.step()
+
+    def _scratch_for(self, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Two stacks shaped as ``key``'s for the AdamW update's temporaries (made at the
+        first step that needs them)."""
+        if key not in self._scratch:
+            like = self.params[key]
+            self._scratch[key] = (torch.empty_like(like), torch.empty_like(like))
+        return self._scratch[key]
 
     def _clip(self, grads: dict[str, torch.Tensor], stepped: Sequence[int]) -> None:
         """Each stepped member's gradients scaled as ``clip_grad_norm_`` scales them alone:
