@@ -5,10 +5,13 @@ history)."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
+import signal
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 
 from benchmarks.common.paths import REPO
@@ -66,3 +69,32 @@ def run_module(module: str, args: Sequence[str], env: dict[str, str] | None = No
     if proc.returncode != 0:
         raise RuntimeError(f"python -m {module} failed:\n{proc.stderr[-3000:]}")
     return proc.stdout
+
+
+def stop_group(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM to ``proc``'s process group (a server or search started with its own session),
+    SIGKILL to what is left of it after ``timeout`` seconds: what it started (a Ray node)
+    goes with it."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc.poll()  # reaps the leader, which otherwise stays in its group as a zombie
+        if not _group_alive(proc.pid):
+            return
+        time.sleep(0.2)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=timeout)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -47,6 +47,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.common.processes import stop_group
+
 START_TIMEOUT_S = 60  # each starts in seconds; a loaded machine gets some slack
 STOP_TIMEOUT_S = 20
 
@@ -395,7 +397,7 @@ def mlflow_server(
         server.start_s = time.monotonic() - started
         yield server
     finally:
-        _stop_group(proc)
+        stop_group(proc, STOP_TIMEOUT_S)
 
 
 def _healthy(url: str) -> bool:
@@ -404,31 +406,3 @@ def _healthy(url: str) -> bool:
             return response.status == 200
     except OSError:
         return False
-
-
-def _stop_group(proc: subprocess.Popen) -> None:
-    """SIGTERM to the server's process group; SIGKILL to what is left of it after
-    :data:`STOP_TIMEOUT_S`."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + STOP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        proc.poll()  # reaps the leader, which otherwise stays in its group as a zombie
-        if not _group_alive(proc.pid):
-            return
-        time.sleep(0.2)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=STOP_TIMEOUT_S)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True

@@ -36,7 +36,6 @@ import datetime
 import json
 import os
 import platform
-import signal
 import subprocess
 import sys
 import tempfile
@@ -49,6 +48,7 @@ from pathlib import Path
 import yaml
 
 from benchmarks.common.paths import REPO, RESULTS, SHIPPED_SEARCH
+from benchmarks.common.processes import stop_group
 
 # The caps (seconds) on a GPU, over two calls (docs/performance.md): a in the first; b and c in
 # the second. On the H200 of 2026-11-28 the shipped search's GPU probe alone took over 68 s and
@@ -126,25 +126,10 @@ def run_command(log: StepLog, argv: list[str], limit: float, cwd: Path, env: dic
     except subprocess.TimeoutExpired:
         timed_out = True
         log.say(f"STOPPED at its time limit ({limit:.0f} s)")
-        _kill_group(proc)
+        stop_group(proc, timeout=10)
     reader.join(timeout=10)
-    _kill_group(proc, quiet=True)  # what it left behind (a Ray node it started)
+    stop_group(proc, timeout=10)  # what it left behind (a Ray node it started)
     return {"rc": proc.returncode, "wall": time.monotonic() - start, "timed_out": timed_out}
-
-
-def _kill_group(proc: subprocess.Popen, quiet: bool = False) -> None:
-    """SIGTERM to the process group, SIGKILL after 10 s."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            if quiet:
-                return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 # ----------------------------------------------------------------------------- the stamp
